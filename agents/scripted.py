@@ -1,0 +1,109 @@
+"""Scripted agents: oracle, noisy oracle, random and fixed-string teams.
+
+They have the interface every srpo team has — ``act(observations, infos) -> {agent: text}`` for the
+agents whose ``infos[agent]["active"]`` is true — so envs, rollouts and benchmarks are testable
+without a model. The oracle reads the reference answer from the env it plays in (it is an oracle).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from srpo_envs.grading import extract_answer, grade
+
+Behaviour = Callable[[str, str, Mapping[str, Any]], str]
+
+
+class ScriptedTeam:
+    """A team whose every role is a function ``(agent, observation, info) -> text``."""
+
+    def __init__(self, behaviours: Mapping[str, Behaviour], default: Behaviour | None = None) -> None:
+        self.behaviours = dict(behaviours)
+        self.default = default
+
+    def act(self, observations: Mapping[str, str], infos: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+        """Actions for the active agents (inactive ones send nothing: the env ignores them anyway)."""
+        actions = {}
+        for agent, obs in observations.items():
+            info = infos.get(agent, {})
+            if not info.get("active", False):
+                continue
+            role = info.get("role", agent)
+            fn = self.behaviours.get(role, self.default)
+            if fn is None:
+                raise KeyError(f"no scripted behaviour for role {role!r}")
+            actions[agent] = fn(agent, obs, info)
+        return actions
+
+    # ------------------------------------------------------------------ factories
+    @classmethod
+    def oracle(cls, env: Any, route: int = 1) -> ScriptedTeam:
+        """Knows the answer: always correct, verifies truthfully, routes ``route`` proposers."""
+        return cls.noisy_oracle(env, p_correct=1.0, route=route)
+
+    @classmethod
+    def noisy_oracle(cls, env: Any, p_correct: float = 0.5, route: int | None = None, seed: int = 0) -> ScriptedTeam:
+        """Proposers right with probability ``p_correct``; aggregator takes the majority; verifier is truthful."""
+        rng = random.Random(seed)
+
+        def solve(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            task = env.unwrapped.task
+            if rng.random() < p_correct:
+                solution = task.meta.get("solution") if isinstance(task.meta, dict) else None
+                return solution or f"The answer is \\boxed{{{task.answer}}}."
+            return f"The answer is \\boxed{{{_wrong_answer(task.answer, rng)}}}."
+
+        def aggregate(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            answers = [a for a in (extract_answer(c) for c in _candidates(obs)) if a is not None]
+            if not answers:
+                return "No candidate gave an answer. \\boxed{0}"
+            best, votes = Counter(answers).most_common(1)[0]
+            return f"{votes} of {len(answers)} candidates say {best}. \\boxed{{{best}}}"
+
+        def verify(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            proposed = obs.split("Proposed solution:\n", 1)[-1]
+            answer = extract_answer(proposed.rsplit("\nRole: verifier", 1)[0])
+            if answer is not None and grade(answer, env.unwrapped.task.answer):
+                return f"The answer {answer} is correct. \\boxed{{accept}}"
+            return f"The answer {answer} is wrong. \\boxed{{reject}}"
+
+        def route_fn(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            k = route if route is not None else rng.randint(1, env.unwrapped.n_proposers)
+            return f"Use {k} proposers. \\boxed{{{k}}}"
+
+        return cls(
+            {"proposer": solve, "solver": solve, "aggregator": aggregate, "verifier": verify, "router": route_fn}
+        )
+
+    @classmethod
+    def random(cls, env: Any, seed: int = 0) -> ScriptedTeam:
+        """Random ``Text`` samples from each agent's action space (≈0% accuracy)."""
+        for i, agent in enumerate(env.possible_agents):
+            env.action_space(agent).seed(seed + i)
+        return cls({}, default=lambda agent, obs, info: env.action_space(agent).sample())
+
+    @classmethod
+    def fixed(cls, text: str | Mapping[str, str]) -> ScriptedTeam:
+        """Every role (or each role of a mapping) always says the same text."""
+        if isinstance(text, str):
+            return cls({}, default=lambda agent, obs, info: text)
+        return cls({role: (lambda agent, obs, info, t=t: t) for role, t in text.items()})
+
+
+def _candidates(obs: str) -> list[str]:
+    parts = re.split(r"\nCandidate \d+:\n", obs)
+    if len(parts) <= 1:
+        return []
+    parts[-1] = parts[-1].rsplit("\nRole: aggregator", 1)[0]
+    return parts[1:]
+
+
+def _wrong_answer(answer: str, rng: random.Random) -> str:
+    try:
+        return str(int(answer) + rng.choice([-3, -2, -1, 1, 2, 3, 10]))
+    except ValueError:
+        return f"{answer} + {rng.randint(1, 9)}"

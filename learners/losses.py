@@ -1,0 +1,519 @@
+"""Pure tensor math of the policy / value losses (SRPO, GRPO, PPO/MAPPO).
+
+Modelled on verl's ``trainer/ppo/core_algos.py``: every function here is a pure function of tensors,
+with no model, optimiser or data-loading code, so that trainers only *wire* them and the maths can be
+tested (and grad-checked) in isolation. Small registries (:data:`EVENT_NORMS`, :data:`AGG_MODES`,
+:data:`POLICY_LOSSES`) let a config pick a variant by name.
+
+Conventions shared by every function:
+
+* Token tensors are ``[R, T]``: one row per consumed output (a :class:`agents.rows.Row`), ``T`` the
+  padded response width. ``mask`` is 1 for tokens the policy generated and 0 for environment-inserted
+  text and padding (bool, integer or float masks are all accepted; a float mask acts as a weight).
+  Masked-out positions are excluded with ``torch.where``, so they may hold *any* value, even
+  ``nan``/``inf``, without affecting the loss or its gradient.
+* Log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` before ``exp`` (as verl does):
+  a policy that has drifted far from the behaviour policy then yields a large but finite ratio instead
+  of ``inf``/``nan``; the gradient of a clamped ratio is zero, which is what clipping would do anyway.
+* Every loss returns ``(loss, stats)`` where ``loss`` is a 0-dim tensor to ``backward()`` and
+  ``stats`` a ``dict[str, float]`` of detached diagnostics for logging.
+* Everything is dtype-preserving (float32 and float64 are tested; bf16 logits should be upcast by the
+  caller, see :func:`logprobs_from_logits`) and contains no Python loop over rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "AGG_MODES",
+    "EVENT_NORMS",
+    "LOG_RATIO_CLAMP",
+    "POLICY_LOSSES",
+    "aggregate",
+    "entropy_from_logits",
+    "grpo_loss",
+    "kl_k3",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "ppo_policy_loss",
+    "register_agg_mode",
+    "register_event_norm",
+    "srpo_loss",
+    "value_loss",
+]
+
+LOG_RATIO_CLAMP = 20.0
+"""Log-ratios are clamped to ``[-20, 20]`` before ``exp`` (verl uses the same bound)."""
+
+Stats = dict[str, float]
+
+
+# --------------------------------------------------------------------------------------------------
+# masked reductions
+# --------------------------------------------------------------------------------------------------
+
+
+def _weights(mask: Tensor, like: Tensor) -> Tensor:
+    """A mask as weights in ``like``'s dtype (bool/int masks become 0/1)."""
+    return mask.to(dtype=like.dtype, device=like.device)
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """``sum(x * mask)`` that ignores whatever ``x`` holds where ``mask == 0`` (even nan/inf)."""
+    w = _weights(mask, x)
+    xw = torch.where(w != 0, x * w, torch.zeros((), dtype=x.dtype, device=x.device))
+    return xw.sum() if dim is None else xw.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Weighted mean of ``x`` under ``mask``; 0 (not nan) where the mask is empty.
+
+    Why not ``mask.sum().clamp_min(1)``: a float mask may carry fractional weights, so the empty case
+    is guarded with the smallest positive normal instead, which turns ``0 / 0`` into ``0``.
+    """
+    w = _weights(mask, x)
+    num = masked_sum(x, w, dim)
+    den = w.sum() if dim is None else w.sum(dim)
+    return num / den.clamp_min(torch.finfo(x.dtype).tiny)
+
+
+def _check_token_inputs(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> None:
+    if logprobs.ndim != 2:
+        raise ValueError(f"logprobs must be [R, T], got shape {tuple(logprobs.shape)}")
+    if old_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
+        raise ValueError(
+            f"shape mismatch: logprobs {tuple(logprobs.shape)}, old_logprobs "
+            f"{tuple(old_logprobs.shape)}, mask {tuple(mask.shape)} must all be [R, T]"
+        )
+    if not logprobs.is_floating_point():
+        raise ValueError(f"logprobs must be floating point, got {logprobs.dtype}")
+    if logprobs.shape[0] == 0:
+        raise ValueError("empty batch: no rows")
+
+
+def _masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-token ``logprobs - old_logprobs``, 0 where masked out (so padding can hold anything)."""
+    diff = logprobs - old_logprobs.to(dtype=logprobs.dtype).detach()
+    keep = _weights(mask, logprobs) != 0
+    return torch.where(keep, diff, torch.zeros((), dtype=diff.dtype, device=diff.device))
+
+
+def _clip_bounds(clip_eps: float, clip_eps_high: float | None) -> tuple[float, float]:
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    if clip_eps < 0 or high < 0:
+        raise ValueError(f"clip eps must be >= 0, got low={clip_eps}, high={high}")
+    return 1.0 - clip_eps, 1.0 + high
+
+
+# --------------------------------------------------------------------------------------------------
+# token-loss aggregation (GRPO / PPO)
+# --------------------------------------------------------------------------------------------------
+
+AggFn = Callable[[Tensor, Tensor, "int | None"], Tensor]
+AGG_MODES: dict[str, AggFn] = {}
+"""``loss_agg_mode`` name -> ``fn(loss_mat [R, T], mask [R, T], norm_len) -> scalar``."""
+
+
+def register_agg_mode(name: str) -> Callable[[AggFn], AggFn]:
+    """Register a token-loss aggregation under ``name`` (decorator)."""
+
+    def deco(fn: AggFn) -> AggFn:
+        AGG_MODES[name] = fn
+        return fn
+
+    return deco
+
+
+def _seq_mean(per_seq: Tensor, mask: Tensor) -> Tensor:
+    """Mean over the rows that have at least one loss token.
+
+    A fully-masked row (e.g. a response made only of environment text) carries no policy signal; we
+    leave it out rather than let it dilute the mean.
+    """
+    has_tokens = _weights(mask, per_seq).sum(-1) != 0
+    return masked_mean(per_seq, has_tokens)
+
+
+@register_agg_mode("token-mean")
+def _agg_token_mean(loss_mat: Tensor, mask: Tensor, norm_len: int | None = None) -> Tensor:
+    """Mean over all loss tokens of the batch (DAPO / verl default): long outputs weigh more."""
+    return masked_mean(loss_mat, mask)
+
+
+@register_agg_mode("seq-mean-token-mean")
+def _agg_seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, norm_len: int | None = None) -> Tensor:
+    """Mean over tokens of each row, then mean over rows (original GRPO)."""
+    return _seq_mean(masked_mean(loss_mat, mask, dim=-1), mask)
+
+
+@register_agg_mode("seq-mean-token-sum")
+def _agg_seq_mean_token_sum(loss_mat: Tensor, mask: Tensor, norm_len: int | None = None) -> Tensor:
+    """Sum over tokens of each row, then mean over rows."""
+    return _seq_mean(masked_sum(loss_mat, mask, dim=-1), mask)
+
+
+@register_agg_mode("seq-mean-token-sum-norm")
+def _agg_seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor, norm_len: int | None = None) -> Tensor:
+    """Dr.GRPO: sum over tokens / a *constant* length, then mean over rows.
+
+    ``norm_len`` should be the generation budget (max new tokens) so the normaliser does not depend on
+    the batch; it defaults to the padded width ``T`` of ``loss_mat``.
+    """
+    denom = loss_mat.shape[-1] if norm_len is None else norm_len
+    if denom <= 0:
+        raise ValueError(f"norm_len must be positive, got {denom}")
+    return _seq_mean(masked_sum(loss_mat, mask, dim=-1) / denom, mask)
+
+
+def aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", norm_len: int | None = None) -> Tensor:
+    """Reduce a ``[R, T]`` per-token loss to a scalar with the aggregation mode ``mode``.
+
+    Modes (:data:`AGG_MODES`): ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
+    ``seq-mean-token-sum-norm`` (Dr.GRPO, uses ``norm_len``). ``seq-mean-*`` modes average over rows
+    with at least one loss token.
+    """
+    if loss_mat.shape != mask.shape or loss_mat.ndim != 2:
+        raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must both be [R, T]")
+    try:
+        fn = AGG_MODES[mode]
+    except KeyError:
+        raise ValueError(f"unknown aggregation mode {mode!r}; known: {sorted(AGG_MODES)}") from None
+    return fn(loss_mat, mask, norm_len)
+
+
+# --------------------------------------------------------------------------------------------------
+# SRPO: event-level ratio
+# --------------------------------------------------------------------------------------------------
+
+NormFn = Callable[[Tensor], Tensor]
+EVENT_NORMS: dict[str, NormFn] = {}
+"""Event log-ratio normaliser name -> ``c(K)`` (K: float tensor of event cardinalities)."""
+
+
+def register_event_norm(name: str) -> Callable[[NormFn], NormFn]:
+    """Register ``c(K)`` for :func:`srpo_loss` under ``name`` (decorator)."""
+
+    def deco(fn: NormFn) -> NormFn:
+        EVENT_NORMS[name] = fn
+        return fn
+
+    return deco
+
+
+@register_event_norm("sqrt")
+def _norm_sqrt(k: Tensor) -> Tensor:
+    """``c = sqrt(K)``: if member log-ratios are ~iid, ``L_e`` keeps their scale for every K, so one
+    ``clip_eps`` means the same trust region for single- and many-agent events."""
+    return k.sqrt()
+
+
+@register_event_norm("sum")
+def _norm_sum(k: Tensor) -> Tensor:
+    """``c = 1``: the exact joint ratio of the K consumed outputs (product of member ratios)."""
+    return torch.ones_like(k)
+
+
+@register_event_norm("mean")
+def _norm_mean(k: Tensor) -> Tensor:
+    """``c = K``: geometric mean of the member ratios (the most permissive for large K)."""
+    return k
+
+
+def srpo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    mask: Tensor,
+    event_index: Tensor,
+    advantages: Tensor,
+    clip_eps: float = 0.2,
+    norm: str = "sqrt",
+    num_events: int | float | None = None,
+    clip_eps_high: float | None = None,
+) -> tuple[Tensor, Stats]:
+    """SRPO event-level clipped surrogate.
+
+    Args:
+        logprobs: ``[R, T]`` current-policy log-probs of the response tokens (carries the gradient).
+        old_logprobs: ``[R, T]`` behaviour log-probs (``Row.behaviour_logprobs``); detached.
+        mask: ``[R, T]`` loss mask (``Row.response_mask`` padded with 0).
+        event_index: ``LongTensor[R]`` mapping each row to its event ``0..E-1`` (minibatch-local).
+        advantages: ``[E]`` one advantage per event; detached.
+        clip_eps: PPO clip range on the *event* ratio (lower side, and upper unless ``clip_eps_high``).
+        norm: name in :data:`EVENT_NORMS` (``sqrt`` | ``sum`` | ``mean``).
+        num_events: denominator of the event mean; defaults to ``E``. When one optimiser step is
+            accumulated over several minibatches, pass the step's total event count so the sum of the
+            minibatch losses equals the full-batch loss.
+        clip_eps_high: optional asymmetric upper clip (DAPO "clip-higher").
+
+    Maths: member log-ratio ``l_j = sum_t mask * (logprobs - old_logprobs)``; event log-ratio
+    ``L_e = sum_{j in e} l_j / c(K_e)`` with ``K_e`` the number of rows of event ``e``;
+    ``rho_e = exp(clamp(L_e, -20, 20))``; loss ``= -1/num_events * sum_e min(rho_e A_e,
+    clip(rho_e, 1-eps, 1+eps) A_e)``.
+
+    Stats: ``clip_frac`` (fraction of events whose clipped term is the active, strictly smaller one,
+    i.e. whose gradient is cut), ``mean_abs_log_ratio`` (mean ``|L_e|``), ``approx_kl`` (mean over
+    events of ``0.5 * L_e**2``, the k2 estimator on the *normalised* event log-ratio; it is the
+    quantity the clip acts on, so it is the one worth watching), ``mean_k``, ``max_k``,
+    ``num_events`` (``E``).
+
+    Raises:
+        ValueError: unknown ``norm``, shape/dtype mismatch, an event index outside ``0..E-1``, or an
+            event with no rows.
+    """
+    _check_token_inputs(logprobs, old_logprobs, mask)
+    try:
+        norm_fn = EVENT_NORMS[norm]
+    except KeyError:
+        raise ValueError(f"unknown event norm {norm!r}; known: {sorted(EVENT_NORMS)}") from None
+    num_rows = logprobs.shape[0]
+    if event_index.ndim != 1 or event_index.shape[0] != num_rows:
+        raise ValueError(f"event_index must be [R={num_rows}], got shape {tuple(event_index.shape)}")
+    if event_index.is_floating_point() or event_index.is_complex() or event_index.dtype == torch.bool:
+        raise ValueError(f"event_index must be an integer tensor, got {event_index.dtype}")
+    if advantages.ndim != 1 or advantages.shape[0] == 0:
+        raise ValueError(f"advantages must be a non-empty [E] tensor, got shape {tuple(advantages.shape)}")
+    if num_events is not None and num_events <= 0:
+        raise ValueError(f"num_events must be positive, got {num_events}")
+    n_ev = advantages.shape[0]
+    dtype, device = logprobs.dtype, logprobs.device
+    idx = event_index.to(device=device, dtype=torch.long)
+
+    # K_e by scatter; one host sync validates the index range and that no event is empty.
+    k = torch.zeros(n_ev + 1, dtype=dtype, device=device)
+    k.index_add_(0, idx.clamp(-1, n_ev).where(idx >= 0, n_ev), torch.ones(num_rows, dtype=dtype, device=device))
+    out_of_range, k = k[n_ev], k[:n_ev]
+    bad = torch.stack([out_of_range, (k == 0).sum().to(dtype)]).tolist()
+    if bad[0] > 0:
+        raise ValueError(f"event_index holds {int(bad[0])} value(s) outside 0..{n_ev - 1}")
+    if bad[1] > 0:
+        raise ValueError(f"{int(bad[1])} of {n_ev} events have no rows (every event needs >= 1 row)")
+
+    member = _masked_log_ratio(logprobs, old_logprobs, mask).sum(-1)  # l_j, [R]
+    summed = torch.zeros(n_ev, dtype=dtype, device=device).index_add(0, idx, member)
+    log_ratio = summed / norm_fn(k)  # L_e, [E]
+    rho = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+    lo, hi = _clip_bounds(clip_eps, clip_eps_high)
+    adv = advantages.detach().to(dtype=dtype, device=device)
+    surr = rho * adv
+    surr_clipped = rho.clamp(lo, hi) * adv
+    objective = torch.minimum(surr, surr_clipped)
+    denom = float(n_ev if num_events is None else num_events)
+    loss = -objective.sum() / denom
+
+    with torch.no_grad():
+        vals = torch.stack(
+            [
+                (surr_clipped < surr).to(dtype).mean(),
+                log_ratio.abs().mean(),
+                (0.5 * log_ratio.square()).mean(),
+                k.mean(),
+                k.max(),
+            ]
+        ).tolist()
+    stats: Stats = {
+        "clip_frac": vals[0],
+        "mean_abs_log_ratio": vals[1],
+        "approx_kl": vals[2],
+        "mean_k": vals[3],
+        "max_k": vals[4],
+        "num_events": float(n_ev),
+    }
+    return loss, stats
+
+
+# --------------------------------------------------------------------------------------------------
+# GRPO / PPO token-level and sequence-level surrogates
+# --------------------------------------------------------------------------------------------------
+
+
+def grpo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    clip_eps: float = 0.2,
+    agg: str = "token-mean",
+    clip_eps_high: float | None = None,
+    norm_len: int | None = None,
+) -> tuple[Tensor, Stats]:
+    """Token-level PPO-clip surrogate with per-output (GRPO) or per-token advantages.
+
+    Args:
+        logprobs, old_logprobs, mask: ``[R, T]`` as in :func:`srpo_loss`.
+        advantages: ``[R]`` (one per output, broadcast over its tokens: GRPO) or ``[R, T]`` (per token,
+            e.g. GAE for PPO/MAPPO); detached.
+        clip_eps / clip_eps_high: clip range ``[1 - clip_eps, 1 + (clip_eps_high or clip_eps)]``.
+        agg: token aggregation, a name in :data:`AGG_MODES` (see :func:`aggregate`).
+        norm_len: the constant length of ``seq-mean-token-sum-norm`` (Dr.GRPO).
+
+    Per token: ``r = exp(clamp(lp - old, -20, 20))``, loss ``= max(-A r, -A clip(r))``; then
+    ``aggregate``. Stats: ``clip_frac`` (token fraction where the clipped term is active),
+    ``approx_kl`` (token mean of ``0.5 * (lp - old)**2``, k2), ``mean_abs_log_ratio``,
+    ``num_tokens``.
+    """
+    _check_token_inputs(logprobs, old_logprobs, mask)
+    dtype, device = logprobs.dtype, logprobs.device
+    adv = advantages.detach().to(dtype=dtype, device=device)
+    if adv.shape == logprobs.shape[:1]:
+        adv = adv.unsqueeze(-1)
+    elif adv.shape != logprobs.shape:
+        raise ValueError(
+            f"advantages must be [R] or [R, T] = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}"
+        )
+    log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    lo, hi = _clip_bounds(clip_eps, clip_eps_high)
+    pg = -adv * ratio
+    pg_clipped = -adv * ratio.clamp(lo, hi)
+    loss_mat = torch.maximum(pg, pg_clipped)
+    loss = aggregate(loss_mat, mask, agg, norm_len)
+    with torch.no_grad():
+        vals = torch.stack(
+            [
+                masked_mean((pg_clipped > pg).to(dtype), mask),
+                masked_mean(0.5 * log_ratio.square(), mask),
+                masked_mean(log_ratio.abs(), mask),
+                _weights(mask, logprobs).sum(),
+            ]
+        ).tolist()
+    stats: Stats = {
+        "clip_frac": vals[0],
+        "approx_kl": vals[1],
+        "mean_abs_log_ratio": vals[2],
+        "num_tokens": vals[3],
+    }
+    return loss, stats
+
+
+def ppo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    clip_eps: float = 0.2,
+    level: str = "token",
+    agg: str = "token-mean",
+    clip_eps_high: float | None = None,
+) -> tuple[Tensor, Stats]:
+    """PPO clip for MAPPO-style per-agent updates.
+
+    ``level="token"``: token-level ratio (exactly :func:`grpo_loss`; ``advantages`` ``[R]`` or
+    ``[R, T]``). ``level="sequence"``: one ratio per output, ``exp(sum_t mask (lp - old))``, with
+    per-output advantages ``[R]``; loss is the mean over rows (``agg`` is ignored). The sequence level
+    is what SRPO reduces to when every event has ``K = 1``.
+    """
+    if level == "token":
+        return grpo_loss(logprobs, old_logprobs, mask, advantages, clip_eps, agg, clip_eps_high)
+    if level != "sequence":
+        raise ValueError(f"unknown PPO level {level!r}; use 'token' or 'sequence'")
+    _check_token_inputs(logprobs, old_logprobs, mask)
+    dtype = logprobs.dtype
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"sequence-level advantages must be [R], got {tuple(advantages.shape)}")
+    adv = advantages.detach().to(dtype=dtype, device=logprobs.device)
+    log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask).sum(-1)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    lo, hi = _clip_bounds(clip_eps, clip_eps_high)
+    pg = -adv * ratio
+    pg_clipped = -adv * ratio.clamp(lo, hi)
+    loss = torch.maximum(pg, pg_clipped).mean()
+    with torch.no_grad():
+        vals = torch.stack(
+            [(pg_clipped > pg).to(dtype).mean(), (0.5 * log_ratio.square()).mean(), log_ratio.abs().mean()]
+        ).tolist()
+    return loss, {"clip_frac": vals[0], "approx_kl": vals[1], "mean_abs_log_ratio": vals[2]}
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    clip_eps: float | None = 0.2,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Stats]:
+    """PPO clipped value loss: ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2)``.
+
+    Any shape (``[E]`` per event for a centralised critic, ``[R, T]`` per token); ``mask`` (same shape)
+    selects the entries averaged. ``clip_eps=None`` disables clipping (plain 0.5 MSE).
+    Stats: ``vf_clip_frac`` (fraction where the clipped error is the larger one), ``vf_mse``.
+    """
+    if values.shape != old_values.shape or values.shape != returns.shape:
+        raise ValueError(
+            f"shape mismatch: values {tuple(values.shape)}, old_values {tuple(old_values.shape)}, "
+            f"returns {tuple(returns.shape)}"
+        )
+    if mask is None:
+        mask = torch.ones_like(values)
+    elif mask.shape != values.shape:
+        raise ValueError(f"mask {tuple(mask.shape)} must match values {tuple(values.shape)}")
+    ret = returns.detach().to(values.dtype)
+    err = (values - ret).square()
+    if clip_eps is None:
+        err_clipped = err
+    else:
+        old = old_values.detach().to(values.dtype)
+        v_clipped = old + (values - old).clamp(-clip_eps, clip_eps)
+        err_clipped = (v_clipped - ret).square()
+    loss = 0.5 * masked_mean(torch.maximum(err, err_clipped), mask)
+    with torch.no_grad():
+        vals = torch.stack(
+            [masked_mean((err_clipped > err).to(values.dtype), mask), masked_mean(err, mask)]
+        ).tolist()
+    return loss, {"vf_clip_frac": vals[0], "vf_mse": vals[1]}
+
+
+# --------------------------------------------------------------------------------------------------
+# KL, entropy, log-probs
+# --------------------------------------------------------------------------------------------------
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, clamp: float = 10.0) -> Tensor:
+    """Per-token k3 estimator of ``KL(pi || ref)`` on samples from ``pi``: ``e^d - d - 1``,
+    ``d = ref - lp``.
+
+    Non-negative and unbiased with low variance (Schulman's "approximating KL"). ``d`` is clamped to
+    ``[-20, 20]`` before ``exp`` and the result to ``[0, clamp]`` (verl's ``low_var_kl``) so a few
+    far-off tokens cannot dominate the penalty. Mask/aggregate the ``[R, T]`` result yourself.
+    """
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(f"shape mismatch: {tuple(logprobs.shape)} vs {tuple(ref_logprobs.shape)}")
+    d = (ref_logprobs.detach().to(logprobs.dtype) - logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return (torch.exp(d) - d - 1).clamp(0.0, clamp)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of ``softmax(logits)`` over the last dim: ``logsumexp(z) - sum(softmax(z) * z)``.
+
+    Half-precision logits are upcast to float32 (the subtraction cancels badly in bf16).
+    """
+    z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log softmax(logits / temperature)[labels]`` without materialising the full log-softmax.
+
+    ``logits`` ``[..., V]``, ``labels`` ``[...]`` -> ``[...]``. Half precision is upcast to float32.
+    ``temperature`` must match the sampler's so the result is comparable to behaviour log-probs.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if temperature != 1.0:
+        z = z / temperature
+    picked = z.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(z, dim=-1)
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, Stats]]] = {
+    "srpo": srpo_loss,
+    "grpo": grpo_loss,
+    "ppo": ppo_policy_loss,
+}
+"""Policy-loss name -> function; trainers look the configured loss up here."""

@@ -1,0 +1,345 @@
+"""``EventParallelEnv``: a PettingZoo ParallelEnv whose every step is one recorded decision event.
+
+Subclasses are small state machines. They say who acts next (:meth:`_active`), what kind of event
+that is (:meth:`_event_type`), what each active agent sees (:meth:`_observe`), how consumed outputs
+change the state (:meth:`_transition`) and how the episode is scored (:meth:`_outcome`). This base
+class owns everything that must be identical across envs: action validation and sanitisation,
+the active set, event recording with a stable ``pre_state_id``, reward write-back, PettingZoo's
+live-agent bookkeeping, and the transcript.
+
+PettingZoo semantics are kept: ``agents`` are the agents live in the episode; roles that take turns
+stay live between their turns and simply are not in ``active_agents``. Everyone terminates together
+when the episode ends.
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gymnasium.utils import seeding
+from pettingzoo import ParallelEnv
+
+from srpo_envs.events import Event, EventLog, stable_hash
+from srpo_envs.spaces import UnicodeText
+
+#: Longest action text consumed; longer outputs are truncated and flagged (a 1 MB string must not
+#: blow up observations, grading time or memory).
+DEFAULT_MAX_ACTION_CHARS = 8192
+#: Longest observation an env emits (problem + all candidates); longer ones are cut in the middle.
+DEFAULT_MAX_OBS_CHARS = 65536
+
+
+@dataclass
+class Parsed:
+    """What an env understood from one agent's output."""
+
+    valid: bool
+    value: Any = None
+    reason: str = ""
+
+
+@dataclass
+class Transition:
+    """Result of consuming one event's outputs."""
+
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def sanitize_text(action: Any, max_chars: int) -> tuple[str, dict[str, Any]]:
+    """Turn any action into consumable text; report what had to be fixed.
+
+    Never raises: non-strings are coerced (bytes decoded, other objects rejected to ``""``), NUL bytes
+    and lone surrogates are removed, and the text is cut to ``max_chars``.
+    """
+    flags: dict[str, Any] = {}
+    if isinstance(action, bytes | bytearray):
+        action = bytes(action).decode("utf-8", errors="replace")
+        flags["coerced"] = "bytes"
+    elif isinstance(action, np.str_):
+        action = str(action)
+    elif not isinstance(action, str):
+        flags["coerced"] = type(action).__name__
+        action = ""
+    if "\x00" in action:
+        action = action.replace("\x00", "")
+        flags["nul_removed"] = True
+    if len(action) > max_chars:
+        flags["truncated_from"] = len(action)
+        action = action[:max_chars]
+    try:
+        action.encode("utf-8")
+    except UnicodeEncodeError:
+        action = action.encode("utf-8", errors="replace").decode("utf-8")
+        flags["surrogates_replaced"] = True
+    return action, flags
+
+
+def clip_middle(text: str, max_chars: int) -> str:
+    """Cut ``text`` to ``max_chars`` keeping its head and tail (the question and the latest turn)."""
+    if len(text) <= max_chars:
+        return text
+    marker = "\n[... truncated ...]\n"
+    keep = max(0, max_chars - len(marker))
+    head = keep // 2
+    return text[:head] + marker + text[len(text) - (keep - head) :]
+
+
+class EventParallelEnv(ParallelEnv, ABC):
+    """Base class of srpo's text envs; see the module docstring for the contract."""
+
+    metadata: dict[str, Any] = {"name": "srpo_event_env", "render_modes": ["ansi", "human"], "is_parallelizable": True}
+
+    def __init__(
+        self,
+        possible_agents: list[str],
+        *,
+        max_steps: int = 64,
+        format_penalty: float = 0.1,
+        max_action_chars: int = DEFAULT_MAX_ACTION_CHARS,
+        max_obs_chars: int = DEFAULT_MAX_OBS_CHARS,
+        render_mode: str | None = None,
+    ) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.possible_agents = list(possible_agents)
+        self.agents: list[str] = []
+        self.max_steps = int(max_steps)
+        self.format_penalty = float(format_penalty)
+        self.max_action_chars = int(max_action_chars)
+        self.max_obs_chars = int(max_obs_chars)
+        self.render_mode = render_mode
+        self.np_random, _ = seeding.np_random(None)
+        self._log = EventLog()
+        self._transcript: list[str] = []
+        self._active_set: tuple[str, ...] = ()
+        self._step_count = 0
+        self._invalid_counts: dict[str, int] = {}
+        self.episode_id = ""
+        self.task_id = ""
+        self._last_outcome: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ spaces
+    @functools.lru_cache(maxsize=None)  # noqa: B019 - PettingZoo's recommended pattern: same object per agent
+    def observation_space(self, agent: str) -> UnicodeText:
+        return UnicodeText(self.max_obs_chars)
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019
+    def action_space(self, agent: str) -> UnicodeText:
+        return UnicodeText(self.max_action_chars)
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    @abstractmethod
+    def _reset_episode(self, options: dict[str, Any]) -> None:
+        """Pick the task (with ``self.np_random`` unless ``options`` name one) and reset the state."""
+        ...
+
+    @abstractmethod
+    def _active(self) -> tuple[str, ...]:
+        """The agents whose outputs the next transition consumes (a non-empty tuple while running)."""
+        ...
+
+    @abstractmethod
+    def _event_type(self) -> str:
+        ...
+
+    @abstractmethod
+    def _observe(self, agent: str) -> str:
+        """Prompt text for an active agent."""
+        ...
+
+    @abstractmethod
+    def _parse(self, agent: str, text: str) -> Parsed:
+        ...
+
+    @abstractmethod
+    def _transition(self, outputs: dict[str, str], parsed: dict[str, Parsed]) -> Transition:
+        ...
+
+    @abstractmethod
+    def _shared_state(self) -> dict[str, Any]:
+        """JSON-serialisable shared state; hashed into ``pre_state_id`` and rendered by :meth:`state`."""
+        ...
+
+    @abstractmethod
+    def _outcome(self) -> tuple[float, dict[str, Any]]:
+        """Team outcome reward of the finished episode and facts about it (``correct``...)."""
+        ...
+
+    @abstractmethod
+    def state_text(self) -> str:
+        """The shared state as text: what a centralised critic reads."""
+        ...
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def active_agents(self) -> tuple[str, ...]:
+        """The active set of the next event (empty once the episode is over)."""
+        return self._active_set
+
+    @property
+    def events(self) -> list[Event]:
+        """The current episode's events, in order."""
+        return self._log.to_list()
+
+    @property
+    def outcome(self) -> dict[str, Any]:
+        """Facts about the last finished episode (``reward``, ``correct``...); empty while running."""
+        return dict(self._last_outcome)
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is not None:
+            self.np_random, _ = seeding.np_random(seed)
+        options = dict(options or {})
+        self.agents = list(self.possible_agents)
+        self._log = EventLog()
+        self._transcript = []
+        self._step_count = 0
+        self._invalid_counts = {a: 0 for a in self.possible_agents}
+        self._last_outcome = {}
+        self._reset_episode(options)
+        self.episode_id = str(options.get("episode_id") or f"ep-{int(self.np_random.integers(2**62)):016x}")
+        self._active_set = tuple(self._active())
+        self._transcript.append(f"# episode {self.episode_id} task {self.task_id}")
+        observations = {a: self._observation_for(a) for a in self.agents}
+        infos = {a: self._info_for(a, None) for a in self.agents}
+        return observations, infos
+
+    def step(self, actions: dict[str, Any]):
+        if not self.agents:
+            raise ValueError("step() called on a finished episode; call reset() first")
+        if not isinstance(actions, dict):
+            raise ValueError(f"actions must be a dict agent -> text, got {type(actions).__name__}")
+        unknown = [a for a in actions if a not in self.agents]
+        if unknown:
+            raise ValueError(f"actions for agents that are not live: {unknown}; live agents are {self.agents}")
+        missing = [a for a in self._active_set if a not in actions]
+        if missing:
+            raise ValueError(
+                f"missing actions for active agents {missing}; the active set is {list(self._active_set)}"
+            )
+
+        members = self._active_set
+        pre_state_id = stable_hash(self._shared_state())
+        event_type = self._event_type()
+        outputs: dict[str, str] = {}
+        parsed: dict[str, Parsed] = {}
+        flags: dict[str, dict[str, Any]] = {}
+        for agent in members:
+            text, f = sanitize_text(actions[agent], self.max_action_chars)
+            outputs[agent] = text
+            p = self._safe_parse(agent, text)
+            if f.get("coerced") and f["coerced"] != "bytes":
+                p = Parsed(False, None, f"action of type {f['coerced']} is not text")
+            parsed[agent] = p
+            if f:
+                flags[agent] = f
+            if not p.valid:
+                self._invalid_counts[agent] += 1
+
+        transition = self._transition(outputs, parsed)
+        step_index = self._step_count
+        self._step_count += 1
+        info = dict(transition.info)
+        if flags:
+            info["sanitized"] = flags
+        invalid = {a: p.reason for a, p in parsed.items() if not p.valid}
+        if invalid:
+            info["invalid"] = invalid
+        event = Event(
+            event_id=f"{self.episode_id}/{step_index}",
+            episode_id=self.episode_id,
+            step=step_index,
+            pre_state_id=pre_state_id,
+            event_type=event_type,
+            members=members,
+            outputs=outputs,
+            valid={a: p.valid for a, p in parsed.items()},
+            task_id=self.task_id,
+            info=info,
+        )
+        self._log.append(event)
+        self._transcript.append(self._format_event(event))
+
+        truncated = not transition.done and self._step_count >= self.max_steps
+        done = transition.done or truncated
+        rewards = {a: 0.0 for a in self.agents}
+        if done:
+            team, facts = self._outcome()
+            self._log.finalize(
+                [team - (self.format_penalty if not e.all_valid else 0.0) for e in self._log]
+            )
+            for a in self.agents:
+                rewards[a] = team - (self.format_penalty if self._invalid_counts.get(a) else 0.0)
+            self._last_outcome = {"reward": team, "truncated": truncated, **facts}
+            self._transcript.append(f"# outcome reward={team:.3f} " + " ".join(f"{k}={v}" for k, v in facts.items()))
+            self._active_set = ()
+        else:
+            self._active_set = tuple(self._active())
+
+        observations = {a: self._observation_for(a) for a in self.agents}
+        terminations = {a: bool(done and not truncated) for a in self.agents}
+        truncations = {a: bool(truncated) for a in self.agents}
+        infos = {a: self._info_for(a, event if a in members else None) for a in self.agents}
+        if done:
+            for a in self.agents:
+                infos[a]["outcome"] = dict(self._last_outcome)
+            self.agents = []
+        if self.render_mode == "human":
+            print(self._transcript[-1])
+        return observations, rewards, terminations, truncations, infos
+
+    def state(self) -> str:
+        return self.state_text()
+
+    def render(self) -> str | None:
+        text = "\n".join(self._transcript)
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ helpers
+    def _safe_parse(self, agent: str, text: str) -> Parsed:
+        """Parsing is user-extensible; a parser bug must flag the output, not crash the episode."""
+        try:
+            return self._parse(agent, text)
+        except Exception as exc:  # noqa: BLE001 - any parser failure means "malformed output"
+            return Parsed(False, None, f"parse error: {type(exc).__name__}")
+
+    def _observation_for(self, agent: str) -> str:
+        if agent in self._active_set:
+            return clip_middle(self._observe(agent), self.max_obs_chars)
+        who = ", ".join(self._active_set) or "nobody"
+        return f"[{agent}] waiting: this turn the active agents are {who}."
+
+    def _info_for(self, agent: str, event: Event | None) -> dict[str, Any]:
+        info: dict[str, Any] = {"active": agent in self._active_set, "role": self.role_of(agent)}
+        if info["active"]:
+            info["event_type"] = self._event_type()
+        if event is not None:
+            info["event_id"] = event.event_id
+            info["valid"] = event.valid[agent]
+        return info
+
+    def role_of(self, agent: str) -> str:
+        """Role name of an agent (``proposer_2`` -> ``proposer``): the key for role prompts and policies."""
+        head, _, tail = agent.rpartition("_")
+        return head if tail.isdigit() else agent
+
+    def _format_event(self, event: Event) -> str:
+        lines = [f"## step {event.step} [{event.event_type}] K={event.cardinality} state={event.pre_state_id}"]
+        for m in event.members:
+            mark = "" if event.valid[m] else "  (invalid)"
+            text = event.outputs[m]
+            if len(text) > 400:
+                text = text[:400] + f"... [{len(text)} chars]"
+            lines.append(f"- {m}{mark}: {text}")
+        return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""Procedural multi-step integer arithmetic: a task family a tiny model can learn on CPU in minutes.
+
+Difficulty ``d`` is the number of operations (``d + 1`` operands). Operands are 1-2 digit numbers;
+``*`` appears only with a one-digit factor so intermediate results stay small. Nesting is explicit
+(``((a + b) - c) * d``), so there is no precedence to learn, and each worked solution computes one
+operation per line before the final ``\\boxed{}``.
+
+The train/test split is a pure function of the problem text (a hash bucket), so the two splits
+never share a problem whatever ``n`` or seed is asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from srpo_envs.tasks.math_data import MathTask
+
+TEST_BUCKETS = 2  # of 10: ~20% of all problems belong to the test split
+
+
+def _split_of(problem: str) -> str:
+    bucket = int(hashlib.sha256(problem.encode()).hexdigest()[:8], 16) % 10
+    return "test" if bucket < TEST_BUCKETS else "train"
+
+
+def _sample(rng: random.Random, difficulty: int, max_operand: int) -> tuple[str, int, list[str]]:
+    value = rng.randint(1, max_operand)
+    expr = str(value)
+    steps: list[str] = []
+    for i in range(difficulty):
+        op = rng.choice("+-*") if difficulty >= 2 else rng.choice("+-")
+        operand = rng.randint(2, 9) if op == "*" else rng.randint(1, max_operand)
+        new = value + operand if op == "+" else value - operand if op == "-" else value * operand
+        steps.append(f"{value} {op} {operand} = {new}")
+        expr = f"({expr} {op} {operand})" if i < difficulty - 1 else f"{expr} {op} {operand}"
+        value = new
+    return expr, value, steps
+
+
+def make_arithmetic_tasks(
+    n: int = 512,
+    *,
+    split: str = "train",
+    difficulty: int = 2,
+    max_operand: int = 30,
+    seed: int = 0,
+) -> list[MathTask]:
+    """``n`` distinct problems of the given split; deterministic in all arguments."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if difficulty < 1 or max_operand < 2 or n < 1:
+        raise ValueError("need difficulty >= 1, max_operand >= 2, n >= 1")
+    rng = random.Random(f"arith:{seed}:{difficulty}:{max_operand}:{split}")
+    seen: set[str] = set()
+    tasks: list[MathTask] = []
+    attempts = 0
+    while len(tasks) < n:
+        attempts += 1
+        if attempts > 200 * n + 10_000:
+            raise ValueError(f"only {len(tasks)} distinct {split} problems exist for these settings (asked {n})")
+        expr, answer, steps = _sample(rng, difficulty, max_operand)
+        problem = f"Compute {expr}."
+        if problem in seen or _split_of(problem) != split:
+            continue
+        seen.add(problem)
+        digest = hashlib.sha256(problem.encode()).hexdigest()[:10]
+        solution = "\n".join(steps) + f"\nThe answer is \\boxed{{{answer}}}."
+        tasks.append(
+            MathTask(
+                id=f"arith-d{difficulty}-{digest}",
+                problem=problem,
+                answer=str(answer),
+                source=f"procedural-arith-d{difficulty}",
+                meta={"solution": solution, "difficulty": difficulty, "split": split},
+            )
+        )
+    return tasks
+
+
+def tokenizer_corpus(n: int = 4000, seed: int = 0) -> list[str]:
+    """Texts a tiny model's tokenizer is trained on: the prompts and answers the math env produces.
+
+    Runs every math workflow with scripted agents on procedural tasks and keeps each observation and
+    action, so the tokenizer learns the words the model will actually read and write.
+    """
+    from agents.scripted import ScriptedTeam  # lazy: agents depends on srpo_envs, not the reverse
+    from srpo_envs.math_verify import MathVerifyEnv
+
+    texts: list[str] = []
+    rng = random.Random(seed)
+    workflows = ("proposers-aggregator", "solver-verifier", "routed")
+    per = max(1, n // (len(workflows) * 4))
+    for workflow in workflows:
+        for difficulty in (1, 2, 3):
+            env = MathVerifyEnv(workflow=workflow, dataset="procedural", difficulty=difficulty, dataset_size=per)
+            team = ScriptedTeam.noisy_oracle(env, p_correct=0.6, seed=rng.randint(0, 2**31))
+            for i in range(per):
+                obs, infos = env.reset(seed=rng.randint(0, 2**31), options={"task_index": i})
+                while env.agents:
+                    actions = team.act(obs, infos)
+                    texts.extend(obs[a] for a in env.active_agents)
+                    texts.extend(actions.values())
+                    obs, _, _, _, infos = env.step(actions)
+    return texts[: max(n, 1)] if len(texts) > n else texts
