@@ -46,7 +46,9 @@ class ScriptedTeam:
         return cls.noisy_oracle(env, p_correct=1.0, route=route)
 
     @classmethod
-    def noisy_oracle(cls, env: Any, p_correct: float = 0.5, route: int | None = None, seed: int = 0) -> ScriptedTeam:
+    def noisy_oracle(
+        cls, env: Any, p_correct: float = 0.5, route: int | None = None, seed: int = 0
+    ) -> ScriptedTeam:
         """Proposers right with probability ``p_correct``; aggregator takes the majority; verifier is truthful."""
         rng = random.Random(seed)
 
@@ -76,7 +78,13 @@ class ScriptedTeam:
             return f"Use {k} proposers. \\boxed{{{k}}}"
 
         return cls(
-            {"proposer": solve, "solver": solve, "aggregator": aggregate, "verifier": verify, "router": route_fn}
+            {
+                "proposer": solve,
+                "solver": solve,
+                "aggregator": aggregate,
+                "verifier": verify,
+                "router": route_fn,
+            }
         )
 
     @classmethod

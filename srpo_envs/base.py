@@ -92,7 +92,11 @@ def clip_middle(text: str, max_chars: int) -> str:
 class EventParallelEnv(ParallelEnv, ABC):
     """Base class of srpo's text envs; see the module docstring for the contract."""
 
-    metadata: dict[str, Any] = {"name": "srpo_event_env", "render_modes": ["ansi", "human"], "is_parallelizable": True}
+    metadata: dict[str, Any] = {
+        "name": "srpo_event_env",
+        "render_modes": ["ansi", "human"],
+        "is_parallelizable": True,
+    }
 
     def __init__(
         self,
@@ -105,7 +109,9 @@ class EventParallelEnv(ParallelEnv, ABC):
         render_mode: str | None = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
         self.possible_agents = list(possible_agents)
         self.agents: list[str] = []
         self.max_steps = int(max_steps)
@@ -124,11 +130,11 @@ class EventParallelEnv(ParallelEnv, ABC):
         self._last_outcome: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ spaces
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - PettingZoo's recommended pattern: same object per agent
+    @functools.cache  # noqa: B019 - PettingZoo's recommended pattern: same object per agent
     def observation_space(self, agent: str) -> UnicodeText:
         return UnicodeText(self.max_obs_chars)
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019
+    @functools.cache  # noqa: B019
     def action_space(self, agent: str) -> UnicodeText:
         return UnicodeText(self.max_action_chars)
 
@@ -144,8 +150,7 @@ class EventParallelEnv(ParallelEnv, ABC):
         ...
 
     @abstractmethod
-    def _event_type(self) -> str:
-        ...
+    def _event_type(self) -> str: ...
 
     @abstractmethod
     def _observe(self, agent: str) -> str:
@@ -153,12 +158,10 @@ class EventParallelEnv(ParallelEnv, ABC):
         ...
 
     @abstractmethod
-    def _parse(self, agent: str, text: str) -> Parsed:
-        ...
+    def _parse(self, agent: str, text: str) -> Parsed: ...
 
     @abstractmethod
-    def _transition(self, outputs: dict[str, str], parsed: dict[str, Parsed]) -> Transition:
-        ...
+    def _transition(self, outputs: dict[str, str], parsed: dict[str, Parsed]) -> Transition: ...
 
     @abstractmethod
     def _shared_state(self) -> dict[str, Any]:
@@ -216,7 +219,9 @@ class EventParallelEnv(ParallelEnv, ABC):
             raise ValueError(f"actions must be a dict agent -> text, got {type(actions).__name__}")
         unknown = [a for a in actions if a not in self.agents]
         if unknown:
-            raise ValueError(f"actions for agents that are not live: {unknown}; live agents are {self.agents}")
+            raise ValueError(
+                f"actions for agents that are not live: {unknown}; live agents are {self.agents}"
+            )
         missing = [a for a in self._active_set if a not in actions]
         if missing:
             raise ValueError(
@@ -270,13 +275,13 @@ class EventParallelEnv(ParallelEnv, ABC):
         rewards = {a: 0.0 for a in self.agents}
         if done:
             team, facts = self._outcome()
-            self._log.finalize(
-                [team - (self.format_penalty if not e.all_valid else 0.0) for e in self._log]
-            )
+            self._log.finalize([team - (self.format_penalty if not e.all_valid else 0.0) for e in self._log])
             for a in self.agents:
                 rewards[a] = team - (self.format_penalty if self._invalid_counts.get(a) else 0.0)
             self._last_outcome = {"reward": team, "truncated": truncated, **facts}
-            self._transcript.append(f"# outcome reward={team:.3f} " + " ".join(f"{k}={v}" for k, v in facts.items()))
+            self._transcript.append(
+                f"# outcome reward={team:.3f} " + " ".join(f"{k}={v}" for k, v in facts.items())
+            )
             self._active_set = ()
         else:
             self._active_set = tuple(self._active())
@@ -335,7 +340,9 @@ class EventParallelEnv(ParallelEnv, ABC):
         return head if tail.isdigit() else agent
 
     def _format_event(self, event: Event) -> str:
-        lines = [f"## step {event.step} [{event.event_type}] K={event.cardinality} state={event.pre_state_id}"]
+        lines = [
+            f"## step {event.step} [{event.event_type}] K={event.cardinality} state={event.pre_state_id}"
+        ]
         for m in event.members:
             mark = "" if event.valid[m] else "  (invalid)"
             text = event.outputs[m]

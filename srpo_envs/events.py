@@ -14,8 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
-from types import MappingProxyType
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 
@@ -29,8 +28,24 @@ def stable_hash(obj: Any, length: int = 16) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:length]
 
 
+class FrozenDict(dict):
+    """A read-only dict: events stay immutable, yet pickle and copy like plain data."""
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("event fields are immutable")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly  # type: ignore[assignment]
+    __ior__ = _readonly  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (FrozenDict, (dict(self),))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenDict:
+        return self
+
+
 def _freeze(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return MappingProxyType(dict(mapping or {}))
+    return FrozenDict(mapping or {})
 
 
 @dataclass(frozen=True)
@@ -84,7 +99,7 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data view (JSON-serialisable), including the derived ``cardinality``."""
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["members"] = list(self.members)
         d["outputs"] = dict(self.outputs)
         d["valid"] = dict(self.valid)

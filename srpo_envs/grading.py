@@ -159,7 +159,9 @@ class Grader:
     The first call of a fresh worker also pays its import time (``startup_s``, once per worker).
     """
 
-    def __init__(self, workers: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, startup_s: float = 20.0) -> None:
+    def __init__(
+        self, workers: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, startup_s: float = 20.0
+    ) -> None:
         self.workers = workers
         self.timeout_s = timeout_s
         self.startup_s = startup_s

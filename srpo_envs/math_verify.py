@@ -65,7 +65,9 @@ class MathVerifyEnv(EventParallelEnv):
         if tasks is not None:
             self.tasks = list(tasks)
         elif dataset.startswith("procedural"):
-            self.tasks = load_math(dataset, split=split or "train", limit=dataset_size or 512, difficulty=difficulty)
+            self.tasks = load_math(
+                dataset, split=split or "train", limit=dataset_size or 512, difficulty=difficulty
+            )
         else:
             self.tasks = load_math(dataset, split=split, limit=dataset_size)
         if not self.tasks:
@@ -232,7 +234,9 @@ class MathVerifyEnv(EventParallelEnv):
                 "Role: verifier. Check the solution. Reply \\boxed{accept} or \\boxed{reject} and say why."
             )
         if phase == "aggregate":
-            cands = "\n".join(f"Candidate {i + 1}:\n{_cut(t)}" for i, t in enumerate(self._candidates.values()))
+            cands = "\n".join(
+                f"Candidate {i + 1}:\n{_cut(t)}" for i, t in enumerate(self._candidates.values())
+            )
             return (
                 f"{problem}{cands}\n"
                 "Role: aggregator. Decide the final answer from the candidates and put it in \\boxed{}."
@@ -240,7 +244,10 @@ class MathVerifyEnv(EventParallelEnv):
         raise RuntimeError(f"no observation in phase {phase!r}")
 
     def state_text(self) -> str:
-        lines = [f"Problem: {self.task.problem}", f"Workflow: {self.workflow}; phase: {self._phase or 'done'}"]
+        lines = [
+            f"Problem: {self.task.problem}",
+            f"Workflow: {self.workflow}; phase: {self._phase or 'done'}",
+        ]
         for h in self._history:
             for agent, text in h["outputs"].items():
                 lines.append(f"[{h['phase']}] {agent}: {_cut(text, 400)}")

@@ -58,7 +58,9 @@ def make_arithmetic_tasks(
     while len(tasks) < n:
         attempts += 1
         if attempts > 200 * n + 10_000:
-            raise ValueError(f"only {len(tasks)} distinct {split} problems exist for these settings (asked {n})")
+            raise ValueError(
+                f"only {len(tasks)} distinct {split} problems exist for these settings (asked {n})"
+            )
         expr, answer, steps = _sample(rng, difficulty, max_operand)
         problem = f"Compute {expr}."
         if problem in seen or _split_of(problem) != split:
@@ -93,7 +95,9 @@ def tokenizer_corpus(n: int = 4000, seed: int = 0) -> list[str]:
     per = max(1, n // (len(workflows) * 4))
     for workflow in workflows:
         for difficulty in (1, 2, 3):
-            env = MathVerifyEnv(workflow=workflow, dataset="procedural", difficulty=difficulty, dataset_size=per)
+            env = MathVerifyEnv(
+                workflow=workflow, dataset="procedural", difficulty=difficulty, dataset_size=per
+            )
             team = ScriptedTeam.noisy_oracle(env, p_correct=0.6, seed=rng.randint(0, 2**31))
             for i in range(per):
                 obs, infos = env.reset(seed=rng.randint(0, 2**31), options={"task_index": i})

@@ -1,0 +1,3 @@
+from srpo_cli.app import main
+
+main()

@@ -1,0 +1,62 @@
+"""The ``srpo`` command: one typer app wiring the packages' own command groups."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+app = typer.Typer(
+    help="srpo: multi-agent LLM environments, learners, benchmarks and leaderboards.", no_args_is_help=True
+)
+
+
+@app.command("envs")
+def list_envs() -> None:
+    """List registered env ids."""
+    import srpo_envs
+
+    for env_id, spec in sorted(srpo_envs.registry.items()):
+        typer.echo(f"{env_id:32s} {spec.description}")
+
+
+@app.command("demo")
+def demo(
+    env_id: str = typer.Option("MathVerify-v0", "--env", help="registered env id"),
+    workflow: str = typer.Option("proposers-aggregator", help="math workflow"),
+    team: str = typer.Option("noisy", help="scripted team: oracle, noisy, random"),
+    episodes: int = typer.Option(3, min=1),
+    seed: int = 0,
+    as_json: bool = typer.Option(False, "--json", help="print events as JSON lines"),
+) -> None:
+    """Roll out a scripted team on real data and print every recorded event."""
+    import srpo_envs
+    from agents.scripted import ScriptedTeam
+
+    env = srpo_envs.make(env_id, workflow=workflow)
+    scripted = {
+        "oracle": lambda: ScriptedTeam.oracle(env, route=2),
+        "noisy": lambda: ScriptedTeam.noisy_oracle(env, p_correct=0.5, seed=seed),
+        "random": lambda: ScriptedTeam.random(env, seed=seed),
+    }[team]()
+    correct = 0
+    for ep in range(episodes):
+        obs, infos = env.reset(seed=seed + ep)
+        while env.agents:
+            obs, _, _, _, infos = env.step(scripted.act(obs, infos))
+        correct += bool(env.outcome.get("correct"))
+        if as_json:
+            for event in env.events:
+                typer.echo(json.dumps(event.to_dict(), ensure_ascii=False, default=str))
+        else:
+            typer.echo(env.render())
+            typer.echo("")
+    typer.echo(f"{env_id} [{workflow}] team={team}: {correct}/{episodes} correct")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

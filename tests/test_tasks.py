@@ -1,0 +1,70 @@
+"""Bundled math data, user files and the procedural arithmetic family."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from srpo_envs.tasks.math_data import MATH_DATASETS, dataset_sha256, load_math
+from srpo_envs.tasks.procedural import make_arithmetic_tasks
+
+EXPECTED_ROWS = {
+    "math500": 500,
+    "aime24": 30,
+    "aime25": 30,
+    "amc23": 40,
+    "minerva": 272,
+    "olympiadbench": 675,
+    "gsm8k_test": 1319,
+    "gsm8k_train": 7473,
+    "math_train": 7470,
+}
+
+
+@pytest.mark.parametrize("name", sorted(MATH_DATASETS))
+def test_bundled_sets_load_completely(name: str) -> None:
+    tasks = load_math(name)
+    assert len(tasks) == EXPECTED_ROWS[name]
+    assert len({t.id for t in tasks}) == len(tasks)
+    assert all(t.problem and t.answer for t in tasks)
+    assert len(dataset_sha256(name)) == 64
+
+
+def test_local_jsonl_and_limit(tmp_path) -> None:
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(json.dumps({"question": f"q{i}", "answer": i}) for i in range(5)) + "\n")
+    tasks = load_math(str(path), limit=3)
+    assert [t.answer for t in tasks] == ["0", "1", "2"] and tasks[0].problem == "q0"
+
+
+def test_unknown_dataset_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown math dataset"):
+        load_math("not-a-dataset")
+
+
+def _evaluate(problem: str) -> int:
+    expr = problem.removeprefix("Compute ").removesuffix(".")
+    assert re.fullmatch(r"[\d()+\-* ]+", expr)
+    return int(eval(expr))  # noqa: S307 - the regex above admits only integers, operators, parentheses
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_procedural_answers_splits_and_determinism(difficulty: int) -> None:
+    train = make_arithmetic_tasks(300, split="train", difficulty=difficulty)
+    test = make_arithmetic_tasks(100, split="test", difficulty=difficulty)
+    assert {t.problem for t in train}.isdisjoint({t.problem for t in test})
+    assert len({t.problem for t in train}) == 300
+    for t in train[:50] + test[:50]:
+        assert int(t.answer) == _evaluate(t.problem)
+        assert t.meta["solution"].endswith(f"\\boxed{{{t.answer}}}.")
+    assert [t.id for t in make_arithmetic_tasks(300, split="train", difficulty=difficulty)] == [
+        t.id for t in train
+    ]
+    assert make_arithmetic_tasks(20, seed=1) != make_arithmetic_tasks(20, seed=2)
+
+
+def test_procedural_via_load_math() -> None:
+    tasks = load_math("procedural:3", split="test", limit=10)
+    assert len(tasks) == 10 and all(t.meta["difficulty"] == 3 for t in tasks)
