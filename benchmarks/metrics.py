@@ -139,7 +139,9 @@ def validate_samples(df: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"per-sample frame has missing values in columns: {nulls}")
     correct = out["correct"]
     if correct.dtype != bool:
-        if not pd.api.types.is_numeric_dtype(correct) or not correct.isin([0, 1]).all():
+        # Object columns of Python bools (after concat/JSON) are fine; strings like "yes" are not.
+        all_bools = correct.map(lambda v: isinstance(v, bool | np.bool_)).all()
+        if not all_bools and (not pd.api.types.is_numeric_dtype(correct) or not correct.isin([0, 1]).all()):
             raise ValueError("column 'correct' must be boolean or 0/1")
         out["correct"] = correct.astype(bool)
     for col in ("team_tokens", "tool_calls"):
@@ -245,7 +247,9 @@ def macro_average(values: Mapping[str, float] | pd.Series) -> float:
     if series.empty:
         raise ValueError("macro average over zero datasets is undefined")
     if series.isna().any():
-        raise ValueError(f"macro average got missing values for datasets: {list(series[series.isna()].index)}")
+        raise ValueError(
+            f"macro average got missing values for datasets: {list(series[series.isna()].index)}"
+        )
     return float(series.mean())
 
 
@@ -391,6 +395,4 @@ def metrics_to_record_dict(
     renamed = {c: (f"avg@{k}" if c == "avg@k" else c) for c in columns}
     sub = table.loc[:, list(columns)].astype(np.float64)
     keep = [c for c in columns if np.isfinite(sub[c].to_numpy()).all()]
-    return {
-        str(ds): {renamed[c]: float(sub.at[ds, c]) for c in keep} for ds in sub.index
-    }
+    return {str(ds): {renamed[c]: float(sub.at[ds, c]) for c in keep} for ds in sub.index}

@@ -183,7 +183,9 @@ def write_tables(
     return {
         "md": write_markdown(df, out / f"{stem}.md", index=index, floatfmt=floatfmt),
         "csv": write_csv(df, out / f"{stem}.csv", index=index),
-        "tex": write_latex(df, out / f"{stem}.tex", index=index, floatfmt=floatfmt, caption=caption, label=label),
+        "tex": write_latex(
+            df, out / f"{stem}.tex", index=index, floatfmt=floatfmt, caption=caption, label=label
+        ),
     }
 
 

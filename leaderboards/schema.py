@@ -1,0 +1,520 @@
+"""Leaderboard result records: a strict pydantic v2 schema plus hashing and provenance helpers.
+
+A record is *data only*: it is read and written as JSON (never pickle), validated in pydantic strict
+mode (no silent ``"3" -> 3`` coercion), and carries a ``record_hash`` -- the sha256 of the canonical
+JSON of everything else -- so an edit made after submission is detected. The hash is an integrity
+check against accidental or casual edits, not a signature: anyone can recompute it.
+
+Validation rejects, with one readable message per problem:
+
+* malformed records: missing/extra fields, wrong types, NaN/inf, fraction metrics (``avg@k``,
+  ``pass@k``, ``accuracy``...) outside [0, 1], negative cost metrics, malformed sha256 strings,
+  bad names or dates;
+* inconsistent records: ``macro[m]`` not the mean over datasets of ``metrics[d][m]`` (within 1e-6),
+  datasets with different metric sets, dataset hashes not matching the metric datasets, empty or
+  duplicate seeds, ``k < 1``;
+* tampered records: ``record_hash`` does not match the content.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import importlib.metadata
+import json
+import math
+import numbers
+import os
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic.types import FiniteFloat
+
+__all__ = [
+    "LeaderboardRecord",
+    "Provenance",
+    "RecordContent",
+    "RecordValidationError",
+    "canonical_json",
+    "compute_record_hash",
+    "dump_record_json",
+    "git_commit",
+    "hash_config",
+    "is_fraction_metric",
+    "load_record",
+    "make_record",
+    "package_version",
+    "parse_record_json",
+    "sha256_bytes",
+    "sha256_file",
+    "validate_record",
+]
+
+SCHEMA_VERSION = 1
+#: Absolute tolerance for ``macro == mean(datasets)`` (a relative 1e-9 also applies to large values).
+MACRO_TOLERANCE = 1e-6
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_GIT_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}|unknown")
+_SUITE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_DATASET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]{0,127}")
+_METRIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_@.+-]{0,63}")
+_FRACTION_RE = re.compile(r"(?:(?:avg|pass|maj)@\d+|acc|accuracy|exact_match|em|f1)")
+_NONNEG_PREFIXES = ("team_tokens", "tool_calls", "utility", "n_")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class RecordValidationError(ValueError):
+    """A record failed validation; ``errors`` holds one human-readable message per problem."""
+
+    def __init__(self, errors: Sequence[str], source: str | None = None) -> None:
+        self.errors = list(errors)
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__(prefix + "invalid leaderboard record:\n  - " + "\n  - ".join(self.errors))
+
+
+def is_fraction_metric(name: str) -> bool:
+    """Metrics that are fractions of problems/samples and so must lie in [0, 1]."""
+    return _FRACTION_RE.fullmatch(name.lower()) is not None
+
+
+def _check_sha256(value: str) -> str:
+    if not _SHA256_RE.fullmatch(value):
+        raise ValueError(f"not a sha256 hex digest (64 lowercase hex characters): {value[:80]!r}")
+    return value
+
+
+def _check_git(value: str) -> str:
+    if not _GIT_RE.fullmatch(value):
+        raise ValueError(f"git commit must be a full hex object id or 'unknown', got {value[:80]!r}")
+    return value
+
+
+def _pattern_check(pattern: re.Pattern[str], what: str) -> Any:
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise ValueError(f"invalid {what} {value[:80]!r} (allowed: {pattern.pattern})")
+        return value
+
+    return check
+
+
+def _check_text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must be a non-empty string")
+    if len(value) > 200:
+        raise ValueError(f"must be at most 200 characters, got {len(value)}")
+    if _CONTROL_RE.search(value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+def _check_date(value: str) -> str:
+    try:
+        dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"date must be ISO 8601 (e.g. 2025-01-31T12:00:00Z), got {value[:40]!r}") from None
+    return value
+
+
+Sha256 = Annotated[str, AfterValidator(_check_sha256)]
+GitCommit = Annotated[str, AfterValidator(_check_git)]
+SuiteName = Annotated[str, AfterValidator(_pattern_check(_SUITE_RE, "suite name"))]
+DatasetName = Annotated[str, AfterValidator(_pattern_check(_DATASET_RE, "dataset name"))]
+MetricName = Annotated[str, AfterValidator(_pattern_check(_METRIC_RE, "metric name"))]
+Text = Annotated[str, AfterValidator(_check_text)]
+IsoDate = Annotated[str, AfterValidator(_check_date)]
+
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Provenance(BaseModel):
+    """Where a result came from: enough to rerun it or to tell two runs apart."""
+
+    model_config = _STRICT
+
+    package_version: Text
+    git_commit: GitCommit
+    model_id: Text | None = None
+    weights_sha256: Sha256 | None = None
+    algorithm: Text
+    config_hash: Sha256
+    workflow: Text
+    dataset_sha256: dict[DatasetName, Sha256]
+    retriever: Text | None = None
+    corpus: Text | None = None
+    corpus_sha256: Sha256 | None = None
+    date: IsoDate
+
+    @model_validator(mode="after")
+    def _model_identified(self) -> Provenance:
+        if self.model_id is None and self.weights_sha256 is None:
+            raise ValueError("provenance needs model_id or weights_sha256 (at least one)")
+        if not self.dataset_sha256:
+            raise ValueError("provenance.dataset_sha256 must list at least one dataset")
+        return self
+
+
+class RecordContent(BaseModel):
+    """Everything in a record except its hash; all consistency checks live here."""
+
+    model_config = _STRICT
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    suite: SuiteName
+    name: Text
+    k: int
+    seeds: list[int]
+    metrics: dict[DatasetName, dict[MetricName, FiniteFloat]]
+    macro: dict[MetricName, FiniteFloat]
+    provenance: Provenance
+
+    @field_validator("k")
+    @classmethod
+    def _k_positive(cls, k: int) -> int:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        return k
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds_nonempty(cls, seeds: list[int]) -> list[int]:
+        if not seeds:
+            raise ValueError("seeds must list at least one seed")
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct, got {seeds}")
+        return seeds
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_ranges(cls, metrics: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        if not metrics:
+            raise ValueError("metrics must contain at least one dataset")
+        errors = [f"dataset {ds!r} has no metrics" for ds, values in metrics.items() if not values]
+        for ds, values in metrics.items():
+            errors += _range_errors(values, f"metrics[{ds!r}]")
+        if errors:
+            raise ValueError("\n".join(errors))
+        return metrics
+
+    @field_validator("macro")
+    @classmethod
+    def _macro_ranges(cls, macro: dict[str, float]) -> dict[str, float]:
+        errors = _range_errors(macro, "macro")
+        if errors:
+            raise ValueError("\n".join(errors))
+        return macro
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RecordContent:
+        """Cross-field checks; runs only once every field is individually valid."""
+        errors: list[str] = []
+        metric_sets = {ds: frozenset(values) for ds, values in self.metrics.items()}
+        if len(set(metric_sets.values())) > 1:
+            detail = ", ".join(f"{ds}: {sorted(ms)}" for ds, ms in sorted(metric_sets.items()))
+            errors.append(f"every dataset must report the same metrics ({detail})")
+        else:
+            common = next(iter(metric_sets.values()))
+            if set(self.macro) != common:
+                errors.append(
+                    f"macro must have exactly the dataset metrics: missing {sorted(common - set(self.macro))}, "
+                    f"extra {sorted(set(self.macro) - common)}"
+                )
+            for m in sorted(common & set(self.macro)):
+                mean = math.fsum(values[m] for values in self.metrics.values()) / len(self.metrics)
+                if not math.isclose(self.macro[m], mean, rel_tol=1e-9, abs_tol=MACRO_TOLERANCE):
+                    errors.append(
+                        f"macro[{m!r}] = {self.macro[m]!r} is not the mean over datasets ({mean!r})"
+                    )
+        ds_hashed = set(self.provenance.dataset_sha256)
+        if ds_hashed != set(self.metrics):
+            errors.append(
+                "provenance.dataset_sha256 must cover exactly the datasets in metrics: "
+                f"missing {sorted(set(self.metrics) - ds_hashed)}, extra {sorted(ds_hashed - set(self.metrics))}"
+            )
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+
+def _range_errors(values: Mapping[str, float], where: str) -> list[str]:
+    errors = []
+    for m, v in values.items():
+        if is_fraction_metric(m) and not 0.0 <= v <= 1.0:
+            errors.append(f"{where}[{m!r}] = {v} is a fraction and must be in [0, 1]")
+        if m.startswith(_NONNEG_PREFIXES) and v < 0:
+            errors.append(f"{where}[{m!r}] = {v} must be non-negative")
+    return errors
+
+
+class LeaderboardRecord(RecordContent):
+    """A validated, hashed result record. Construct with :func:`make_record` or :func:`validate_record`."""
+
+    record_hash: Sha256
+
+    @model_validator(mode="after")
+    def _hash_matches(self) -> LeaderboardRecord:
+        expected = compute_record_hash(self)
+        if self.record_hash != expected:
+            raise ValueError(
+                f"record_hash mismatch: stored {self.record_hash}, computed {expected} "
+                "(record modified after hashing, i.e. tampered)"
+            )
+        return self
+
+    @property
+    def short_hash(self) -> str:
+        """First 12 hex digits: enough to tell records apart in file names and tables."""
+        return self.record_hash[:12]
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, os.PathLike):
+        return Path(obj).as_posix()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, set | frozenset):
+        return sorted(obj, key=repr)
+    if isinstance(obj, dt.datetime | dt.date):
+        return obj.isoformat()
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return obj.item()
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays
+        return obj.tolist()
+    raise TypeError(f"cannot hash object of type {type(obj).__name__} as JSON")
+
+
+def canonical_json(obj: Any) -> str:
+    """Deterministic JSON (sorted keys, no whitespace, NaN forbidden) -- the input of every hash."""
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_json_default
+    )
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, streamed so multi-GB weight files need no extra memory."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_size):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_config(config: Mapping[str, Any]) -> str:
+    """sha256 of a config's canonical JSON, so key order and formatting do not change the hash."""
+    return sha256_bytes(canonical_json(dict(config)).encode("utf-8"))
+
+
+def compute_record_hash(record: RecordContent | Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of a record's content, ``record_hash`` excluded.
+
+    A mapping is first normalised through :class:`RecordContent`, so the hash is computed over the
+    same JSON whether the record came from Python values or from a file.
+    """
+    if isinstance(record, Mapping):
+        content = {k: v for k, v in record.items() if k != "record_hash"}
+        record = RecordContent.model_validate(content)
+    data = record.model_dump(mode="json", exclude={"record_hash"})
+    return sha256_bytes(canonical_json(data).encode("utf-8"))
+
+
+def _format_errors(exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "record"
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if err["type"] == "missing":
+            msg = "missing required field"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field (not part of the schema)"
+        # Validators report several problems at once, one per line.
+        out.extend(f"{loc}: {line}" for line in msg.split("\n") if line)
+    return out
+
+
+def validate_record(
+    data: Mapping[str, Any] | LeaderboardRecord, source: str | None = None
+) -> LeaderboardRecord:
+    """Validate a mapping (e.g. parsed JSON) as a :class:`LeaderboardRecord`.
+
+    Raises :class:`RecordValidationError` listing every problem pydantic found.
+    """
+    if isinstance(data, LeaderboardRecord):
+        data = data.model_dump(mode="json")
+    if not isinstance(data, Mapping):
+        raise RecordValidationError([f"record must be a JSON object, got {type(data).__name__}"], source)
+    try:
+        return LeaderboardRecord.model_validate(dict(data))
+    except ValidationError as exc:
+        raise RecordValidationError(_format_errors(exc), source) from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} is not allowed in a record")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate JSON key {key!r}")
+        out[key] = value
+    return out
+
+
+def parse_record_json(text: str | bytes, source: str | None = None) -> LeaderboardRecord:
+    """Parse and validate record JSON. NaN/Infinity literals and duplicate keys are rejected:
+    JSON parsers disagree on them, so they would make a record mean different things to different readers.
+    """
+    try:
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RecordValidationError([f"not valid record JSON: {exc}"], source) from None
+    return validate_record(data, source)
+
+
+def load_record(path: str | os.PathLike[str]) -> LeaderboardRecord:
+    """Read and validate one record file (JSON only)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecordValidationError([f"cannot read file: {exc.strerror or exc}"], str(path)) from None
+    return parse_record_json(raw, str(path))
+
+
+def dump_record_json(record: LeaderboardRecord) -> str:
+    """Git-friendly JSON: sorted keys, indent 2, UTF-8, trailing newline."""
+    data = record.model_dump(mode="json")
+    return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def package_version(dist: str = "srpo") -> str:
+    """Installed version of ``dist`` via importlib.metadata, or ``"unknown"``."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str:
+    """``git rev-parse HEAD`` in ``repo_dir`` (default: this package's directory), else ``"unknown"``."""
+    cwd = Path(repo_dir) if repo_dir is not None else Path(__file__).resolve().parent
+    try:
+        proc = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    sha = proc.stdout.strip()
+    return sha if proc.returncode == 0 and _GIT_RE.fullmatch(sha) else "unknown"
+
+
+def _plain_int(value: Any) -> Any:
+    """numpy integers -> int; anything else (bools, floats, strings) is left for strict validation to reject."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _utc_now() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def make_record(
+    *,
+    suite: str,
+    metrics: Mapping[str, Mapping[str, float]],
+    k: int,
+    seeds: Sequence[int],
+    algorithm: str,
+    workflow: str,
+    name: str | None = None,
+    model_id: str | None = None,
+    weights_sha256: str | None = None,
+    weights_path: str | os.PathLike[str] | None = None,
+    config: Mapping[str, Any] | None = None,
+    config_hash: str | None = None,
+    dataset_sha256: Mapping[str, str] | None = None,
+    dataset_paths: Mapping[str, str | os.PathLike[str]] | None = None,
+    retriever: str | None = None,
+    corpus: str | None = None,
+    corpus_sha256: str | None = None,
+    macro: Mapping[str, float] | None = None,
+    date: str | dt.datetime | dt.date | None = None,
+    version: str | None = None,
+    commit: str | None = None,
+    repo_dir: str | os.PathLike[str] | None = None,
+) -> LeaderboardRecord:
+    """Build a validated, hashed record, filling what can be derived.
+
+    * ``macro``: mean over datasets of each metric when omitted.
+    * ``config_hash``: from ``config`` (canonical JSON) -- give exactly one of the two.
+    * ``weights_sha256``: from ``weights_path`` when given.
+    * ``dataset_sha256``: merged with file hashes of ``dataset_paths``.
+    * ``version``/``commit``: :func:`package_version` / :func:`git_commit` (``"unknown"`` fallback).
+    * ``date``: now, UTC, second precision. ``name``: ``"<algorithm>/<model id or weights hash>"``.
+
+    Raises :class:`RecordValidationError` if the result is not a valid record.
+    """
+    if (config is None) == (config_hash is None):
+        raise ValueError("give exactly one of config= or config_hash=")
+    if weights_path is not None:
+        computed = sha256_file(weights_path)
+        if weights_sha256 is not None and weights_sha256 != computed:
+            raise ValueError(f"weights_sha256 {weights_sha256} does not match the file {weights_path}")
+        weights_sha256 = computed
+    ds_hashes = dict(dataset_sha256 or {})
+    for ds, path in (dataset_paths or {}).items():
+        ds_hashes[ds] = sha256_file(path)
+    metrics_plain = {str(ds): {str(m): float(v) for m, v in vals.items()} for ds, vals in metrics.items()}
+    if macro is None:
+        names = sorted({m for vals in metrics_plain.values() for m in vals})
+        macro = {
+            m: math.fsum(vals[m] for vals in metrics_plain.values() if m in vals) / max(len(metrics_plain), 1)
+            for m in names
+        }
+    if isinstance(date, dt.datetime | dt.date):
+        date = date.isoformat()
+    if name is None:
+        name = f"{algorithm}/{model_id if model_id is not None else 'weights:' + (weights_sha256 or '')[:12]}"
+    content: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "suite": suite,
+        "name": name,
+        "k": _plain_int(k),
+        "seeds": [_plain_int(s) for s in seeds],
+        "metrics": metrics_plain,
+        "macro": {str(m): float(v) for m, v in macro.items()},
+        "provenance": {
+            "package_version": version if version is not None else package_version(),
+            "git_commit": commit if commit is not None else git_commit(repo_dir),
+            "model_id": model_id,
+            "weights_sha256": weights_sha256,
+            "algorithm": algorithm,
+            "config_hash": config_hash if config_hash is not None else hash_config(config or {}),
+            "workflow": workflow,
+            "dataset_sha256": ds_hashes,
+            "retriever": retriever,
+            "corpus": corpus,
+            "corpus_sha256": corpus_sha256,
+            "date": date if date is not None else _utc_now(),
+        },
+    }
+    try:
+        record_hash = compute_record_hash(content)
+    except ValidationError as exc:
+        raise RecordValidationError(_format_errors(exc)) from None
+    return validate_record({**content, "record_hash": record_hash})

@@ -1,0 +1,231 @@
+"""The static leaderboard page in a real browser: headless Chromium runs the page's JS and we read
+the resulting DOM back with ``--dump-dom`` (after load, i.e. after the inline script has run).
+
+Sorting is driven by the URL fragment ``#sort=<suite>:<column>:<dir>`` (same code path as header
+clicks); header clicks are tested by appending a test-only script to a copy of the page.
+Skipped only when /usr/bin/chromium is missing *and* ``CI`` is unset; in CI a missing browser fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from leaderboards.render import render_html, write_leaderboard
+from leaderboards.schema import LeaderboardRecord, make_record
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+EVIL = '<i>evil</i> & "quoted"'
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Path:
+    if CHROMIUM.exists():
+        return CHROMIUM
+    if os.environ.get("CI"):
+        pytest.fail(f"{CHROMIUM} is missing in CI: install the Debian package 'chromium'")
+    pytest.skip(f"{CHROMIUM} not installed (apt-get install chromium)")
+
+
+def rec(name: str, suite: str, gsm8k: float, math500: float, algorithm: str = "srpo") -> LeaderboardRecord:
+    return make_record(
+        suite=suite,
+        name=name,
+        metrics={"gsm8k": {"avg@4": gsm8k}, "math500": {"avg@4": math500}},
+        k=4,
+        seeds=[0, 1],
+        algorithm=algorithm,
+        workflow="solver-verifier",
+        model_id="toy-model",
+        config={"lr": 1e-6},
+        dataset_sha256={"gsm8k": "1" * 64, "math500": "2" * 64},
+        version="0.1.0",
+        commit="unknown",
+        date="2025-03-01T00:00:00Z",
+    )
+
+
+RECORDS = [
+    rec("mid", "math", 0.5, 0.3),  # macro 0.40
+    rec(EVIL, "math", 0.6, 0.5, algorithm="grpo"),  # macro 0.55
+    rec("alpha", "math", 0.7, 0.0, algorithm="mappo"),  # macro 0.35, best on gsm8k
+    rec("qa-one", "qa", 0.2, 0.4),
+    rec("qa-two", "qa", 0.3, 0.1),
+]
+
+
+class TableReader(HTMLParser):
+    """Collect, per ``table.lb``: header keys, aria-sort, data-sort and rows of cell texts."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: dict[str, dict] = {}
+        self.root_attrs: dict[str, str | None] = {}
+        self._table: dict | None = None
+        self._cell: list[str] | None = None
+        self._in_head = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "html":
+            self.root_attrs = a
+        elif tag == "table" and "lb" in (a.get("class") or "").split():
+            self._table = {
+                "sort": a.get("data-sort"),
+                "cols": [],
+                "aria": {},
+                "rows": [],
+                "tags_in_cells": [],
+            }
+            self.tables[a["data-suite"]] = self._table
+        elif self._table is None:
+            return
+        elif tag == "thead":
+            self._in_head = True
+        elif tag == "tbody":
+            self._in_head = False
+        elif tag == "th" and self._in_head:
+            self._table["cols"].append(a.get("data-col"))
+            if a.get("aria-sort"):
+                self._table["aria"][a["data-col"]] = a["aria-sort"]
+        elif tag == "tr" and not self._in_head:
+            self._table["rows"].append({"hash": a.get("data-record"), "cells": []})
+        elif tag == "td":
+            self._cell = []
+        elif self._cell is not None:
+            self._table["tags_in_cells"].append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._cell is not None and self._table is not None:
+            self._table["rows"][-1]["cells"].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "table":
+            self._table = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def dump(chromium: Path, page: Path, tmp_path: Path, fragment: str = "") -> TableReader:
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    proc = subprocess.run(
+        [str(chromium), *FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.as_uri() + fragment],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reader = TableReader()
+    reader.feed(proc.stdout)
+    assert reader.root_attrs.get("data-js") == "ready", "page script did not run"
+    return reader
+
+
+def column(table: dict, col: str) -> list[str]:
+    idx = table["cols"].index(col)
+    return [row["cells"][idx] for row in table["rows"]]
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    return write_leaderboard(RECORDS, out)["html"]
+
+
+def test_initial_dom_sorted_by_macro_and_escaped(chromium: Path, page: Path, tmp_path: Path) -> None:
+    dom = dump(chromium, page, tmp_path)
+    assert set(dom.tables) == {"math", "qa"}
+    math = dom.tables["math"]
+    assert math["cols"][:5] == ["rank", "name", "algorithm", "model", "workflow"]
+    assert math["cols"][5:8] == ["ds:gsm8k", "ds:math500", "macro"]
+    assert column(math, "name") == [EVIL, "mid", "alpha"]  # record text shown verbatim, as text
+    assert column(math, "macro") == ["0.5500", "0.4000", "0.3500"]
+    assert column(math, "ds:gsm8k") == ["0.6000", "0.5000", "0.7000"]
+    assert math["tags_in_cells"] == ["code"] * 3  # no <i> element injected from a record name
+    assert math["aria"] == {"macro": "descending"}
+    assert column(dom.tables["qa"], "name") == ["qa-one", "qa-two"]
+    hashes = {r.name: r.record_hash for r in RECORDS}
+    assert [row["hash"] for row in math["rows"]] == [hashes[EVIL], hashes["mid"], hashes["alpha"]]
+
+
+@pytest.mark.parametrize(
+    ("fragment", "suite", "col", "expected", "other_unchanged"),
+    [
+        ("#sort=math:macro:asc", "math", "macro", ["alpha", "mid", EVIL], True),
+        ("#sort=math:gsm8k:desc", "math", "ds:gsm8k", ["alpha", EVIL, "mid"], True),
+        ("#sort=math:ds:math500:asc", "math", "ds:math500", ["alpha", "mid", EVIL], True),
+        ("#sort=math:name:asc", "math", "name", [EVIL, "alpha", "mid"], True),  # "<" sorts before letters
+        ("#sort=math:algorithm:desc", "math", "algorithm", ["mid", "alpha", EVIL], True),
+        ("#sort=qa:macro:asc&sort=math:rank:desc", "qa", "macro", ["qa-two", "qa-one"], False),
+    ],
+)
+def test_hash_sort(chromium, page, tmp_path, fragment, suite, col, expected, other_unchanged) -> None:
+    dom = dump(chromium, page, tmp_path, fragment)
+    table = dom.tables[suite]
+    assert column(table, "name") == expected
+    direction = fragment.split("&")[0].rsplit(":", 1)[1]
+    assert table["sort"] == f"{col}:{direction}"
+    assert table["aria"] == {col: "ascending" if direction == "asc" else "descending"}
+    other = dom.tables["qa" if suite == "math" else "math"]
+    if other_unchanged:
+        assert other["sort"] == "macro:desc"
+        assert column(other, "name") == ["qa-one", "qa-two"]
+    else:  # second spec: math by rank descending = reverse macro order
+        assert column(other, "name") == ["alpha", "mid", EVIL]
+
+
+def test_bad_hash_leaves_order(chromium, page, tmp_path) -> None:
+    dom = dump(
+        chromium, page, tmp_path, "#sort=math:nonexistent:asc&sort=nosuite:macro:asc&sort=math:macro:up"
+    )
+    assert column(dom.tables["math"], "name") == [EVIL, "mid", "alpha"]
+    assert dom.tables["math"]["sort"] == "macro:desc"
+
+
+def test_header_clicks_sort(chromium, tmp_path) -> None:
+    html = render_html(RECORDS)
+    clicker = """<script>
+    (function () {
+      var t = document.querySelector('table.lb[data-suite="math"]');
+      var th = function (c) { return t.querySelector('th[data-col="' + c + '"]'); };
+      th("name").click();                 // text column: first click ascending
+      document.documentElement.setAttribute("data-after-one", t.getAttribute("data-sort"));
+      th("name").click();                 // second click toggles to descending
+      document.documentElement.setAttribute("data-after-two", t.getAttribute("data-sort"));
+      document.documentElement.setAttribute("data-names-two", Array.prototype.map.call(
+        t.tBodies[0].rows, function (r) { return r.cells[1].textContent; }).join("|"));
+      th("ds:math500").click();           // numeric column: first click descending
+      th("ds:math500").click();           // second click toggles to ascending
+    })();
+    </script>
+</body>"""
+    assert html.count("</body>") == 1
+    test_page = tmp_path / "clicks.html"
+    test_page.write_text(html.replace("</body>", clicker))
+    dom = dump(chromium, test_page, tmp_path)
+    assert dom.root_attrs.get("data-after-one") == "name:asc"
+    assert dom.root_attrs.get("data-after-two") == "name:desc"
+    assert dom.root_attrs.get("data-names-two") == "|".join(["mid", "alpha", EVIL])
+    math = dom.tables["math"]
+    assert math["sort"] == "ds:math500:asc"
+    assert column(math, "ds:math500") == ["0.0000", "0.3000", "0.5000"]
+    assert math["aria"] == {"ds:math500": "ascending"}
+    assert column(dom.tables["qa"], "name") == ["qa-one", "qa-two"]
