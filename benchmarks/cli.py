@@ -1,0 +1,152 @@
+"""``srpo bench ...``: evaluate a local model on a benchmark suite (wired into ``srpo`` by the lead).
+
+``eval`` loads one model directory as a shared policy for every role, runs
+:func:`benchmarks.evaluate.evaluate` with a resumable cache under the output directory, prints the
+table and writes ``eval.json`` (summary + everything needed to reproduce), the per-sample records
+(``eval_samples.parquet`` / ``.csv``) and, with ``--algorithm``, a validated leaderboard record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(help="Benchmarks: evaluate models on the benchmark suites.", no_args_is_help=True)
+
+#: Files whose bytes are the weights (hashed for provenance and for the eval cache key).
+WEIGHT_PATTERNS: tuple[str, ...] = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+
+
+@app.callback()
+def bench() -> None:
+    """Benchmarks: evaluate models on the benchmark suites (a callback keeps this a command group)."""
+
+
+def weights_sha256(model_dir: str | Path) -> str | None:
+    """sha256 of a model directory's weights: of the file if there is one, else of the sorted
+    ``name:sha256`` lines of all weight files (shards); ``None`` when there are no weight files."""
+    from leaderboards.schema import sha256_file
+
+    root = Path(model_dir)
+    if not root.is_dir():
+        return None
+    files = sorted({p for pat in WEIGHT_PATTERNS for p in root.glob(pat) if p.is_file()})
+    if not files:
+        return None
+    if len(files) == 1:
+        return sha256_file(files[0])
+    lines = "".join(f"{p.name}:{sha256_file(p)}\n" for p in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def _parse_env_kwargs(items: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; VALUE is parsed as JSON when it can be (numbers, booleans), else a string."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"--env-kwarg must be KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[Path, typer.Option("--model", help="Model directory (transformers format).")],
+    suite: Annotated[str, typer.Option(help="Suite: math, search, quick-math, quick-search.")] = "quick-math",
+    workflow: Annotated[
+        str | None, typer.Option(help="Env workflow (default: the suite's, e.g. proposers-aggregator).")
+    ] = None,
+    k: Annotated[int, typer.Option("--k", min=1, help="Samples per problem (Avg@k, pass@k).")] = 4,
+    limit: Annotated[int | None, typer.Option(min=1, help="At most N problems per dataset.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Output directory (default: MODEL/eval/<suite>-<workflow>-k<k>).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Run seed (sampling seeds derive from it).")] = 0,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (<= 0: greedy).")] = 1.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per response.")] = 256,
+    chunk_size: Annotated[int, typer.Option(min=1, help="Problems per rollout batch and cache file.")] = 16,
+    datasets: Annotated[
+        list[str] | None, typer.Option("--dataset", help="Evaluate only this dataset (repeatable).")
+    ] = None,
+    env_kwarg: Annotated[
+        list[str] | None, typer.Option("--env-kwarg", help="Extra env kwarg KEY=VALUE (repeatable).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="torch device (default: cpu).")] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="Resumable sample cache (default: OUT/cache).")
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not cache or resume.")] = False,
+    algorithm: Annotated[
+        str | None, typer.Option(help="Also write a leaderboard record.json under this algorithm name.")
+    ] = None,
+    model_id: Annotated[
+        str | None, typer.Option(help="Model id for the record (default: MODEL's name).")
+    ] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+) -> None:
+    """Evaluate MODEL (shared by every role) on a suite; print the table and write results."""
+    from agents.policy import PolicyMap, SamplingParams
+    from benchmarks.evaluate import evaluate, print_table
+    from benchmarks.suites import get_suite
+
+    try:
+        the_suite = get_suite(suite)
+    except KeyError as exc:
+        raise typer.BadParameter(str(exc.args[0]), param_hint="--suite") from None
+    workflow = workflow or the_suite.default_workflow
+    for ds in the_suite.datasets:
+        if workflow not in ds.workflows:
+            raise typer.BadParameter(
+                f"{workflow!r} does not apply to dataset {ds.name!r}; choose one of {', '.join(ds.workflows)}",
+                param_hint="--workflow",
+            )
+    if not model.is_dir():
+        raise typer.BadParameter(f"{model} is not a directory", param_hint="--model")
+    out_dir = out if out is not None else model / "eval" / f"{the_suite.name}-{workflow}-k{k}"
+    try:
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    from agents.hf import HFPolicy  # lazy: torch/transformers load only when a model is evaluated
+
+    weights = weights_sha256(model)
+    policy = HFPolicy(str(model), device=device)
+    result = evaluate(
+        PolicyMap.shared(policy),
+        the_suite,
+        workflow,
+        k,
+        sampling=sampling,
+        limit=limit,
+        seed=seed,
+        cache_dir=None if no_cache else (cache_dir or out_dir / "cache"),
+        env_kwargs=_parse_env_kwargs(env_kwarg),
+        progress=progress,
+        chunk_size=chunk_size,
+        datasets=datasets,
+        cache_key=weights or str(model.resolve()),
+    )
+    result.run_info["model"] = {"path": str(model.resolve()), "weights_sha256": weights, "device": device}
+    print_table(result)
+    paths = result.save(out_dir)
+    typer.echo(f"wrote {paths['json']}")
+    typer.echo(f"wrote {paths['parquet']} and {paths['csv']}")
+    if algorithm is not None:
+        from benchmarks.report import atomic_write_text
+        from leaderboards.schema import dump_record_json
+
+        record = result.to_record(
+            algorithm, model_id=model_id or model.resolve().name, weights_sha256=weights
+        )
+        path = atomic_write_text(out_dir / "record.json", dump_record_json(record))
+        typer.echo(f"wrote {path} ({record.short_hash})")

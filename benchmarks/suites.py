@@ -1,0 +1,397 @@
+"""Benchmark suites: named lists of datasets, each knowing how to load its problems and build its env.
+
+A :class:`Suite` is data only. Nothing here imports an env module until an env is actually built, so
+the math suites work on an install (or a checkout) where the search env or its retrieval extras are
+missing, and listing suites never touches a corpus.
+
+Registered suites (:data:`SUITES`):
+
+* ``math``: MATH500, AIME24, AIME25, AMC23, Minerva, OlympiadBench (bundled) via ``MathVerify-v0``;
+* ``search``: nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle (bundled samples)
+  via the multi-turn search env over the bundled corpus;
+* ``quick-math``: the procedural arithmetic test split at difficulties 1 and 2 (64 problems each):
+  a CPU-scale smoke benchmark a tiny model can move on;
+* ``quick-search``: the test questions of the procedural knowledge base (``dataset="kb"``).
+
+Every dataset reports a sha256 for result provenance: the bytes of the bundled file for bundled
+sets, and for generated sets (procedural arithmetic, the KB) the canonical JSON of the evaluated
+task ids, texts and answers, since there is no file to hash and the generator code could change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "MATH_WORKFLOWS",
+    "SEARCH_WORKFLOWS",
+    "SUITES",
+    "Suite",
+    "SuiteDataset",
+    "get_suite",
+    "register_suite",
+    "task_fingerprint",
+    "tasks_sha256",
+]
+
+Family = Literal["math", "search"]
+
+#: Workflows of the math env (mirrors ``srpo_envs.math_verify.WORKFLOWS``; the env re-checks).
+MATH_WORKFLOWS: tuple[str, ...] = ("solver-verifier", "proposers-aggregator", "routed")
+#: Workflows of the search env (mirrors ``srpo_envs.search.SEARCH_WORKFLOWS``, kept here so that
+#: validating a CLI argument does not import the search env).
+SEARCH_WORKFLOWS: tuple[str, ...] = ("parallel", "routed")
+_WORKFLOWS: dict[str, tuple[str, ...]] = {"math": MATH_WORKFLOWS, "search": SEARCH_WORKFLOWS}
+#: Where the search env lives when no registered id is given (imported only when an env is built).
+SEARCH_ENTRY_POINT = "srpo_envs.search:MultiTurnSearchEnv"
+
+
+def task_fingerprint(task: Any) -> dict[str, Any]:
+    """What identifies a task's content: id, text and gold answer(s), for math and QA tasks alike."""
+    text = getattr(task, "problem", None)
+    if text is None:
+        text = getattr(task, "question", "")
+    answers = getattr(task, "answers", None)
+    if answers is None:
+        answers = [getattr(task, "answer", "")]
+    return {"id": str(task.id), "text": str(text), "answers": [str(a) for a in answers]}
+
+
+def tasks_sha256(tasks: Sequence[Any]) -> str:
+    """sha256 of the canonical JSON of the tasks' fingerprints (order matters: it is the eval order)."""
+    data = json.dumps(
+        [task_fingerprint(t) for t in tasks], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class SuiteDataset:
+    """One dataset of a suite.
+
+    Args:
+        name: the name reported in tables and leaderboard records.
+        family: ``"math"`` or ``"search"``: which env and workflows apply.
+        dataset: the env's ``dataset=`` argument (a bundled name, ``"procedural"``, ``"kb"``...).
+        split: split passed to the loader (procedural/KB: ``"test"``; bundled sets: ``None``).
+        limit: default number of problems (first ``limit`` in file order); ``None`` = all.
+        env_id: a registered env id to build with ``srpo_envs.make``; ``None`` uses ``entry_point``.
+        entry_point: ``"module:Class"`` used when ``env_id`` is ``None``.
+        env_kwargs: fixed env/loader kwargs of this dataset (e.g. ``difficulty`` or ``kb_seed``).
+    """
+
+    name: str
+    family: Family
+    dataset: str
+    split: str | None = None
+    limit: int | None = None
+    env_id: str | None = None
+    entry_point: str | None = None
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.family not in _WORKFLOWS:
+            raise ValueError(f"family must be one of {sorted(_WORKFLOWS)}, got {self.family!r}")
+        if self.env_id is None and self.entry_point is None:
+            raise ValueError(f"dataset {self.name!r} needs env_id or entry_point")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+
+    # ------------------------------------------------------------------ description
+    @property
+    def workflows(self) -> tuple[str, ...]:
+        return _WORKFLOWS[self.family]
+
+    @property
+    def generated(self) -> bool:
+        """True for datasets generated by code (no file to hash)."""
+        return self.dataset.startswith("procedural") or self.dataset == "kb"
+
+    def check_workflow(self, workflow: str) -> None:
+        if workflow not in self.workflows:
+            raise ValueError(
+                f"workflow {workflow!r} does not apply to {self.family} dataset {self.name!r}; "
+                f"choose one of {', '.join(self.workflows)}"
+            )
+
+    def spec(self) -> dict[str, Any]:
+        """JSON description of *which* data and env this is (limit excluded: see ``effective_limit``)."""
+        return {
+            "name": self.name,
+            "family": self.family,
+            "dataset": self.dataset,
+            "split": self.split,
+            "env_id": self.env_id,
+            "entry_point": self.entry_point if self.env_id is None else None,
+            "env_kwargs": dict(self.env_kwargs),
+        }
+
+    def effective_limit(self, limit: int | None = None) -> int | None:
+        """The number of problems evaluated: the smaller of this dataset's default and ``limit``."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        limits = [x for x in (self.limit, limit) if x is not None]
+        return min(limits) if limits else None
+
+    # ------------------------------------------------------------------ data
+    def load_tasks(self, limit: int | None = None) -> list[Any]:
+        """The evaluated problems, in a fixed order; a smaller limit gives a prefix of a larger one."""
+        n = self.effective_limit(limit)
+        kwargs = dict(self.env_kwargs)
+        if self.family == "math":
+            from srpo_envs.tasks.math_data import load_math
+
+            if self.dataset.startswith("procedural"):
+                extra = {k: kwargs[k] for k in ("difficulty", "max_operand") if k in kwargs}
+                return load_math(self.dataset, split=self.split or "test", limit=n, **extra)
+            return load_math(self.dataset, split=self.split, limit=n)
+        if self.dataset == "kb":
+            _, tasks = _knowledge_base(int(kwargs.get("kb_seed", 0)), self.split or "test")
+            return list(tasks[:n]) if n is not None else list(tasks)
+        from srpo_envs.tasks.search_data import load_qa
+
+        return load_qa(self.dataset, split=self.split, limit=n)
+
+    def dataset_sha256(self, tasks: Sequence[Any] | None = None) -> str:
+        """Provenance hash: the bundled/local file's bytes, or the generated tasks' canonical JSON."""
+        if not self.generated:
+            if self.family == "math":
+                from srpo_envs.tasks import math_data as data
+
+                bundled: Mapping[str, str] = data.MATH_DATASETS
+            else:
+                from srpo_envs.tasks import search_data as data
+
+                bundled = data.SEARCH_DATASETS
+            if self.dataset in bundled or Path(self.dataset).expanduser().is_file():
+                return data.dataset_sha256(self.dataset)
+        return tasks_sha256(tasks if tasks is not None else self.load_tasks())
+
+    # ------------------------------------------------------------------ envs
+    def env_factory(
+        self,
+        workflow: str,
+        tasks: Sequence[Any] | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+    ) -> Callable[[], Any]:
+        """A zero-argument env builder for :class:`agents.rollout.RolloutCollector`.
+
+        The env gets exactly ``tasks`` (default: :meth:`load_tasks`), so ``task_index`` i of a
+        rollout is problem i of this dataset. Search envs after the first share the first env's
+        retriever: building one index per parallel rollout would cost minutes and gigabytes.
+        """
+        self.check_workflow(workflow)
+        chosen = list(tasks) if tasks is not None else self.load_tasks()
+        kwargs: dict[str, Any] = {**dict(self.env_kwargs), **dict(env_kwargs or {})}
+        if self.family == "math":
+            kwargs.pop("max_operand", None)
+        if self.split is not None:
+            kwargs.setdefault("split", self.split)
+        if self.env_id is not None:
+            import srpo_envs
+
+            env_id = self.env_id
+
+            def build(**kw: Any) -> Any:
+                return srpo_envs.make(env_id, **kw)
+        else:
+            module, _, attr = str(self.entry_point).partition(":")
+            entry = self.entry_point
+
+            def build(**kw: Any) -> Any:
+                try:
+                    cls = getattr(importlib.import_module(module), attr)
+                except (ImportError, AttributeError) as exc:
+                    raise ImportError(f"cannot load env {entry!r} for dataset {self.name!r}: {exc}") from exc
+                return cls(**kw)
+
+        shared: dict[str, Any] = {}
+
+        def make_env() -> Any:
+            env = build(workflow=workflow, dataset=self.dataset, tasks=chosen, **{**kwargs, **shared})
+            if self.family == "search" and not shared and hasattr(env, "retriever"):
+                shared["retriever"] = env.retriever
+            return env
+
+        return make_env
+
+    def corpus_info(self, env_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        """Retriever and corpus of a search dataset (``None`` for math): what a record must name."""
+        if self.family != "search":
+            return None
+        kwargs = {**dict(self.env_kwargs), **dict(env_kwargs or {})}
+        retriever = kwargs.get("retriever", "bm25")
+        if "retriever_url" in kwargs:
+            retriever_name = f"remote:{kwargs['retriever_url']}"
+        elif isinstance(retriever, str):
+            retriever_name = retriever
+        else:
+            retriever_name = type(retriever).__name__
+        corpus = kwargs.get("corpus")
+        if "retriever_url" in kwargs or retriever == "remote" or not isinstance(retriever, str):
+            return {"retriever": retriever_name, "corpus": "external", "corpus_sha256": None}
+        if corpus is not None:
+            if isinstance(corpus, str | bytes) or hasattr(corpus, "__fspath__"):
+                from srpo_envs.tasks.search_data import sha256_file
+
+                path = Path(corpus).expanduser()  # type: ignore[arg-type]
+                return {"retriever": retriever_name, "corpus": path.name, "corpus_sha256": sha256_file(path)}
+            return {
+                "retriever": retriever_name,
+                "corpus": "custom",
+                "corpus_sha256": _passages_sha256(corpus),
+            }
+        if self.dataset == "kb":
+            seed = int(kwargs.get("kb_seed", 0))
+            passages, _ = _knowledge_base(seed, "all")
+            return {
+                "retriever": retriever_name,
+                "corpus": f"kb(seed={seed},n={len(passages)})",
+                "corpus_sha256": _passages_sha256(passages),
+            }
+        from srpo_envs.tasks.search_data import bundled_corpus_sha256
+
+        return {"retriever": retriever_name, "corpus": "bundled", "corpus_sha256": bundled_corpus_sha256()}
+
+
+def _knowledge_base(seed: int, split: str) -> tuple[list[Any], list[Any]]:
+    """``(passages, tasks)`` of the procedural KB, whether ``make_knowledge_base`` returns that tuple
+    or a KB object with ``.passages`` and ``.tasks(split)``."""
+    from srpo_envs.tasks.knowledge_base import make_knowledge_base
+
+    try:
+        kb = make_knowledge_base(seed=seed, split=split)
+    except TypeError:  # the object form takes no split
+        kb = make_knowledge_base(seed=seed)
+    if isinstance(kb, tuple):
+        passages, tasks = kb
+        return list(passages), list(tasks)
+    return list(kb.passages), list(kb.tasks(split))
+
+
+def _passages_sha256(passages: Sequence[Any]) -> str:
+    data = json.dumps(
+        [{"id": p.id, "title": p.title, "text": p.text} for p in passages],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A named list of datasets evaluated together; the macro average weighs each dataset equally."""
+
+    name: str
+    datasets: tuple[SuiteDataset, ...]
+    description: str = ""
+    default_workflow: str = "proposers-aggregator"
+
+    def __post_init__(self) -> None:
+        names = [d.name for d in self.datasets]
+        if not names:
+            raise ValueError(f"suite {self.name!r} has no datasets")
+        if len(set(names)) != len(names):
+            raise ValueError(f"suite {self.name!r} has duplicate dataset names: {names}")
+
+    @property
+    def dataset_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.datasets)
+
+    def select(self, names: Sequence[str]) -> Suite:
+        """The same suite restricted to ``names`` (in suite order); unknown names are an error."""
+        unknown = sorted(set(names) - set(self.dataset_names))
+        if unknown:
+            raise KeyError(
+                f"suite {self.name!r} has no datasets {unknown}; it has {list(self.dataset_names)}"
+            )
+        keep = tuple(d for d in self.datasets if d.name in set(names))
+        return Suite(self.name, keep, self.description, self.default_workflow)
+
+
+SUITES: dict[str, Suite] = {}
+
+
+def register_suite(suite: Suite) -> Suite:
+    """Add a suite to :data:`SUITES`; names are unique (a changed suite gets a new name)."""
+    if suite.name in SUITES:
+        raise ValueError(f"suite {suite.name!r} is already registered")
+    SUITES[suite.name] = suite
+    return suite
+
+
+def get_suite(suite: str | Suite) -> Suite:
+    if isinstance(suite, Suite):
+        return suite
+    try:
+        return SUITES[suite]
+    except KeyError:
+        raise KeyError(f"unknown suite {suite!r}; known: {', '.join(sorted(SUITES))}") from None
+
+
+def _math(name: str, dataset: str) -> SuiteDataset:
+    return SuiteDataset(name, "math", dataset, env_id="MathVerify-v0")
+
+
+def _search(name: str, dataset: str, **kwargs: Any) -> SuiteDataset:
+    return SuiteDataset(name, "search", dataset, entry_point=SEARCH_ENTRY_POINT, **kwargs)
+
+
+register_suite(
+    Suite(
+        "math",
+        (
+            _math("MATH500", "math500"),
+            _math("AIME24", "aime24"),
+            _math("AIME25", "aime25"),
+            _math("AMC23", "amc23"),
+            _math("Minerva", "minerva"),
+            _math("OlympiadBench", "olympiadbench"),
+        ),
+        "Competition math (bundled test sets), graded with math-verify.",
+    )
+)
+register_suite(
+    Suite(
+        "search",
+        tuple(
+            _search(name, name)
+            for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+        ),
+        "Open-domain and multi-hop QA (bundled samples) with retrieval over the bundled corpus; EM reward.",
+        default_workflow="parallel",
+    )
+)
+register_suite(
+    Suite(
+        "quick-math",
+        tuple(
+            SuiteDataset(
+                f"arith-d{d}",
+                "math",
+                "procedural",
+                split="test",
+                limit=64,
+                env_id="MathVerify-v0",
+                env_kwargs={"difficulty": d},
+            )
+            for d in (1, 2)
+        ),
+        "Procedural arithmetic test split, difficulties 1 and 2 (64 problems each): CPU smoke benchmark.",
+    )
+)
+register_suite(
+    Suite(
+        "quick-search",
+        (_search("kb", "kb", split="test", limit=64, env_kwargs={"kb_seed": 0}),),
+        "Procedural knowledge-base test questions (1- and 2-hop) over the KB's own passages.",
+        default_workflow="parallel",
+    )
+)
