@@ -88,6 +88,52 @@ class ScriptedTeam:
         )
 
     @classmethod
+    def search_oracle(cls, env: Any, route: int | None = None) -> ScriptedTeam:
+        """Oracle searchers (query the gold passages' titles) and an evidence-reading aggregator.
+
+        The aggregator answers a gold answer only if it appears in the retrieved text, so the team's
+        EM measures what the searchers found, not what the oracle knows.
+        """
+        from srpo_envs.search import oracle_query
+
+        def search(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            index = int(agent.rpartition("_")[2]) if agent[-1].isdigit() else 0
+            return f"<search>{oracle_query(env.unwrapped, index)}</search>"
+
+        def aggregate(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            from srpo_envs.qa_metrics import normalize_answer
+
+            evidence = normalize_answer(obs.split("<information>", 1)[-1])
+            for gold in env.unwrapped.task.answers:
+                if normalize_answer(gold) and f" {normalize_answer(gold)} " in f" {evidence} ":
+                    return f"<answer>{gold}</answer>"
+            if "Answer now" in obs:
+                return "<answer>unknown</answer>"
+            return "<search>more evidence</search>"
+
+        def route_fn(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            return f"\\boxed{{{route or env.unwrapped.n_searchers}}}"
+
+        return cls({"searcher": search, "aggregator": aggregate, "router": route_fn})
+
+    @classmethod
+    def search_random(cls, env: Any, seed: int = 0) -> ScriptedTeam:
+        """Searchers send random words from the question shuffled with noise; the aggregator guesses."""
+        rng = random.Random(seed)
+        vocab = ["river", "film", "born", "city", "album", "war", "king", "team", "island", "novel"]
+
+        def search(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            return f"<search>{' '.join(rng.sample(vocab, 2))}</search>"
+
+        def aggregate(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            return f"<answer>{rng.choice(vocab)}</answer>"
+
+        def route_fn(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            return f"\\boxed{{{rng.randint(1, env.unwrapped.n_searchers)}}}"
+
+        return cls({"searcher": search, "aggregator": aggregate, "router": route_fn})
+
+    @classmethod
     def random(cls, env: Any, seed: int = 0) -> ScriptedTeam:
         """Random ``Text`` samples from each agent's action space (≈0% accuracy)."""
         for i, agent in enumerate(env.possible_agents):

@@ -32,5 +32,26 @@ register(
     workflow="proposers-aggregator",
     dataset="procedural",
 )
+register(
+    "MultiTurnSearch-v0",
+    "srpo_envs.search:MultiTurnSearchEnv",
+    description="Parallel searchers + aggregator over a procedural knowledge base (BM25 via pyserini).",
+    dataset="kb",
+    workflow="parallel",
+)
+register(
+    "MultiTurnSearch-Routed-v0",
+    "srpo_envs.search:MultiTurnSearchEnv",
+    description="A router picks how many searchers act; procedural knowledge base, BM25.",
+    dataset="kb",
+    workflow="routed",
+)
+register(
+    "MultiTurnSearch-HotpotQA-v0",
+    "srpo_envs.search:MultiTurnSearchEnv",
+    description="HotpotQA questions over the bundled 22,633-passage corpus, BM25 via pyserini.",
+    dataset="hotpotqa",
+    workflow="parallel",
+)
 
 __all__ = ["Event", "EventLog", "EnvSpec", "EventParallelEnv", "make", "register", "registry"]

@@ -1,0 +1,327 @@
+"""Multi-turn retrieval env: parallel searchers query a real retriever, an aggregator answers.
+
+Each turn is two events:
+
+* ``search`` (K = number of acting searchers): every searcher emits ``<search>query</search>``; all
+  queries are consumed by *one* retrieval transition, and the passages join the shared state as
+  environment text (shown to agents between ``<information>`` tags, never part of a response, so
+  learners never put it in the loss);
+* ``aggregate`` (K=1): the aggregator reads the question and the evidence so far and either answers
+  with ``<answer>...</answer>`` (episode ends) or asks for another turn with ``<search>...</search>``
+  (its text becomes a hint for the searchers). On the last turn it must answer.
+
+The ``routed`` variant starts with a ``route`` event (K=1): the router's ``\\boxed{k}`` picks how many
+searchers act in every turn. Reward: SQuAD-normalised exact match against any gold answer; F1 is
+reported as a secondary metric. Search events record their tool calls (``info["tool_calls"]``).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from srpo_envs.base import EventParallelEnv, Parsed, Transition
+from srpo_envs.qa_metrics import exact_match, f1
+from srpo_envs.retrievers.base import Retriever
+
+_SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL | re.IGNORECASE)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_BOXED_INT = re.compile(r"\\boxed\{\s*(\d{1,3})\s*\}")
+MAX_QUERY_CHARS = 512
+MAX_ANSWER_CHARS = 512
+SEARCH_WORKFLOWS = ("parallel", "routed")
+
+
+def _last(pattern: re.Pattern[str], text: str) -> str | None:
+    found = pattern.findall(text)
+    return found[-1].strip() if found else None
+
+
+class MultiTurnSearchEnv(EventParallelEnv):
+    """A team searches a corpus over several turns and answers a question; see module docstring."""
+
+    metadata = {"name": "multi_turn_search_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
+
+    def __init__(
+        self,
+        dataset: str = "kb",
+        *,
+        workflow: str = "parallel",
+        tasks: Sequence[Any] | None = None,
+        retriever: Retriever | str = "bm25",
+        corpus: Any = None,
+        retriever_url: str | None = None,
+        split: str | None = None,
+        dataset_size: int | None = None,
+        n_searchers: int = 2,
+        max_turns: int = 2,
+        top_k: int = 3,
+        passage_chars: int = 300,
+        default_route: int = 1,
+        format_penalty: float = 0.1,
+        kb_seed: int = 0,
+        render_mode: str | None = None,
+    ) -> None:
+        if workflow not in SEARCH_WORKFLOWS:
+            raise ValueError(f"workflow must be one of {SEARCH_WORKFLOWS}, got {workflow!r}")
+        if n_searchers < 1 or max_turns < 1 or top_k < 1:
+            raise ValueError("need n_searchers, max_turns and top_k >= 1")
+        self.workflow = workflow
+        self.dataset = dataset
+        self.n_searchers = int(n_searchers)
+        self.max_turns = int(max_turns)
+        self.top_k = int(top_k)
+        self.passage_chars = int(passage_chars)
+        self.default_route = min(max(1, int(default_route)), self.n_searchers)
+        self.tasks, default_corpus = _load_tasks(dataset, tasks, split, dataset_size, kb_seed)
+        self.retriever = _make_retriever(
+            retriever, corpus if corpus is not None else default_corpus, retriever_url
+        )
+        self.searchers = [f"searcher_{i}" for i in range(self.n_searchers)]
+        agents = [*self.searchers, "aggregator"]
+        if workflow == "routed":
+            agents = ["router", *agents]
+        super().__init__(
+            agents, max_steps=2 * self.max_turns + 2, format_penalty=format_penalty, render_mode=render_mode
+        )
+        self.task = self.tasks[0]
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._phase = "route" if self.workflow == "routed" else "search"
+        self._turn = 0
+        self._team_size = self.n_searchers
+        self._hint = ""
+        self._evidence: list[dict[str, Any]] = []  # {"turn", "query", "passages": [Passage]}
+        self._answer: str | None = None
+        self._history: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ state machine
+    def _reset_episode(self, options: dict[str, Any]) -> None:
+        if "task_id" in options:
+            matches = [t for t in self.tasks if t.id == options["task_id"]]
+            if not matches:
+                raise ValueError(f"task_id {options['task_id']!r} is not in this env's dataset")
+            self.task = matches[0]
+        elif "task_index" in options:
+            self.task = self.tasks[int(options["task_index"]) % len(self.tasks)]
+        else:
+            self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        self.task_id = self.task.id
+        self._reset_state()
+
+    def _active(self) -> tuple[str, ...]:
+        if self._phase == "route":
+            return ("router",)
+        if self._phase == "search":
+            return tuple(self.searchers[: self._team_size])
+        return ("aggregator",)
+
+    def _event_type(self) -> str:
+        return self._phase
+
+    def _parse(self, agent: str, text: str) -> Parsed:
+        role = self.role_of(agent)
+        if role == "router":
+            m = _BOXED_INT.search(text)
+            if m is None or not 1 <= int(m.group(1)) <= self.n_searchers:
+                return Parsed(False, None, f"route must be \\boxed{{k}} with k in 1..{self.n_searchers}")
+            return Parsed(True, int(m.group(1)))
+        if role == "searcher":
+            query = _last(_SEARCH_RE, text)
+            if not query:
+                return Parsed(False, None, "no non-empty <search>query</search>")
+            return Parsed(True, query[:MAX_QUERY_CHARS])
+        answer = _last(_ANSWER_RE, text)
+        if answer is not None and 0 < len(answer) <= MAX_ANSWER_CHARS:
+            return Parsed(True, ("answer", answer))
+        query = _last(_SEARCH_RE, text)
+        if query is not None and self._turn + 1 < self.max_turns:
+            return Parsed(True, ("search", query[:MAX_QUERY_CHARS]))
+        if query is not None:
+            return Parsed(False, None, "last turn: the aggregator must answer with <answer>...</answer>")
+        return Parsed(False, None, "no <answer>...</answer> or <search>...</search>")
+
+    def _transition(self, outputs: dict[str, str], parsed: dict[str, Parsed]) -> Transition:
+        phase = self._phase
+        self._history.append({"phase": phase, "turn": self._turn, "outputs": dict(outputs)})
+        info: dict[str, Any] = {}
+        done = False
+        if phase == "route":
+            p = parsed["router"]
+            self._team_size = p.value if p.valid else self.default_route
+            info["team_size"] = self._team_size
+            self._phase = "search"
+        elif phase == "search":
+            queries = {a: p.value for a, p in parsed.items() if p.valid}
+            results = self.retriever.search(list(queries.values()), self.top_k) if queries else []
+            for (agent, query), passages in zip(queries.items(), results, strict=True):
+                self._evidence.append(
+                    {"turn": self._turn, "agent": agent, "query": query, "passages": passages}
+                )
+            info["tool_calls"] = len(queries)
+            info["queries"] = queries
+            info["retrieved_ids"] = {a: [p.id for p in ps] for a, ps in zip(queries, results, strict=True)}
+            self._phase = "aggregate"
+        else:
+            p = parsed["aggregator"]
+            if p.valid and p.value[0] == "search":
+                self._hint = p.value[1]
+                self._turn += 1
+                self._phase = "search"
+                info["decision"] = "search"
+            else:
+                self._answer = p.value[1] if p.valid else None
+                info["decision"] = "answer"
+                info["answer"] = self._answer
+                done = True
+        return Transition(done=done, info=info)
+
+    def _outcome(self) -> tuple[float, dict[str, Any]]:
+        golds = list(self.task.answers)
+        em = exact_match(self._answer, golds) if self._answer is not None else 0.0
+        f1_value = f1(self._answer, golds) if self._answer is not None else 0.0
+        facts: dict[str, Any] = {
+            "correct": bool(em),
+            "em": float(em),
+            "f1": float(f1_value),
+            "answer": self._answer,
+            "gold": golds[0] if golds else "",
+            "turns": self._turn + 1,
+            "tool_calls": sum(1 for _ in self._evidence),
+        }
+        if self.workflow == "routed":
+            facts["team_size"] = self._team_size
+        return float(em), facts
+
+    def _shared_state(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task.id,
+            "question": self.task.question,
+            "phase": self._phase,
+            "turn": self._turn,
+            "team_size": self._team_size,
+            "hint": self._hint,
+            "history": self._history,
+            "evidence": [
+                {"turn": e["turn"], "query": e["query"], "ids": [p.id for p in e["passages"]]}
+                for e in self._evidence
+            ],
+        }
+
+    # ------------------------------------------------------------------ text
+    def _information(self) -> str:
+        """Retrieved passages (deduplicated, in retrieval order) as environment text."""
+        seen: set[str] = set()
+        lines = []
+        for e in self._evidence:
+            for p in e["passages"]:
+                if p.id in seen:
+                    continue
+                seen.add(p.id)
+                lines.append(f"({p.title}) {_clip(p.text, self.passage_chars)}")
+        if not lines:
+            return "<information>none</information>"
+        return "<information>\n" + "\n".join(lines) + "\n</information>"
+
+    def _observe(self, agent: str) -> str:
+        question = f"Question: {self.task.question}\n"
+        turn = f"Turn {self._turn + 1} of {self.max_turns}.\n"
+        if self._phase == "route":
+            return (
+                f"{question}Role: router. Decide how many searchers (1 to {self.n_searchers}) should look for "
+                "evidence. Reply with the number in \\boxed{}."
+            )
+        if self._phase == "search":
+            past = "; ".join(e["query"] for e in self._evidence) or "none"
+            hint = f"Aggregator asks: {self._hint}\n" if self._hint else ""
+            return (
+                f"{question}{turn}Previous queries: {past}\n{hint}{self._information()}\n"
+                "Role: searcher. Write one search query inside <search>...</search>."
+            )
+        last = self._turn + 1 >= self.max_turns
+        ask = (
+            "Answer now with <answer>...</answer>."
+            if last
+            else ("Answer with <answer>...</answer>, or ask for more evidence with <search>...</search>.")
+        )
+        return f"{question}{turn}{self._information()}\nRole: aggregator. {ask}"
+
+    def state_text(self) -> str:
+        lines = [f"Question: {self.task.question}", f"Phase: {self._phase or 'done'}; turn {self._turn + 1}"]
+        for h in self._history:
+            for agent, text in h["outputs"].items():
+                lines.append(f"[{h['phase']}] {agent}: {_clip(text, 200)}")
+        lines.append(self._information())
+        return "\n".join(lines)
+
+    @property
+    def answer(self) -> str:
+        """The first gold answer (what an oracle agent knows)."""
+        return self.task.answers[0]
+
+    def passage_title(self, passage_id: str) -> str | None:
+        """Title of a corpus passage, where the retriever holds the corpus locally."""
+        by_id = getattr(self.retriever, "_by_id", None)
+        passage = by_id.get(passage_id) if by_id else None
+        return passage.title if passage is not None else None
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _load_tasks(
+    dataset: str, tasks: Sequence[Any] | None, split: str | None, size: int | None, kb_seed: int
+) -> tuple[list[Any], Any]:
+    """Tasks and the default corpus for them (the KB's own passages, or the bundled paragraphs)."""
+    if dataset == "kb":
+        from srpo_envs.tasks.knowledge_base import make_knowledge_base
+
+        passages, kb_tasks = make_knowledge_base(seed=kb_seed, split=split or "train")
+        chosen = list(tasks) if tasks is not None else kb_tasks
+        return chosen[:size] if size else chosen, passages
+    from srpo_envs.tasks.search_data import bundled_corpus_path, load_qa
+
+    chosen = list(tasks) if tasks is not None else load_qa(dataset, split=split, limit=size)
+    return chosen, bundled_corpus_path()
+
+
+#: Local retrievers shared by all envs of a process, keyed by backend and corpus identity: a rollout
+#: runs one env per sample, and each must not start its own index or embedding model.
+_SHARED_RETRIEVERS: dict[tuple[str, str], Retriever] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _make_retriever(retriever: Retriever | str, corpus: Any, url: str | None) -> Retriever:
+    if isinstance(retriever, Retriever):
+        return retriever
+    from srpo_envs.retrievers import corpus_fingerprint, make_retriever
+
+    if url is not None or retriever == "remote":
+        if url is None:
+            raise ValueError("retriever='remote' needs retriever_url")
+        return make_retriever("remote", url=url)
+    identity = (
+        str(Path(corpus).resolve()) if isinstance(corpus, str | Path) else corpus_fingerprint(list(corpus))
+    )
+    with _SHARED_LOCK:
+        key = (retriever, identity)
+        if key not in _SHARED_RETRIEVERS:
+            _SHARED_RETRIEVERS[key] = make_retriever(retriever, corpus)
+        return _SHARED_RETRIEVERS[key]
+
+
+def oracle_query(env: MultiTurnSearchEnv, searcher_index: int) -> str:
+    """The query an oracle searcher sends: the title of a gold passage (or the question)."""
+    meta = env.task.meta or {}
+    titles = list(meta.get("gold_titles") or meta.get("supporting_titles") or [])
+    if not titles:
+        found = (env.passage_title(pid) for pid in meta.get("gold_passage_ids") or [])
+        titles = [t for t in found if t]
+    if titles:
+        return titles[searcher_index % len(titles)]
+    return env.task.question
