@@ -170,7 +170,9 @@ def _agg_seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor, norm_len: int |
     return _seq_mean(masked_sum(loss_mat, mask, dim=-1) / denom, mask)
 
 
-def aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", norm_len: int | None = None) -> Tensor:
+def aggregate(
+    loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", norm_len: int | None = None
+) -> Tensor:
     """Reduce a ``[R, T]`` per-token loss to a scalar with the aggregation mode ``mode``.
 
     Modes (:data:`AGG_MODES`): ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
@@ -284,18 +286,17 @@ def srpo_loss(
     idx = event_index.to(device=device, dtype=torch.long)
 
     # K_e by scatter; one host sync validates the index range and that no event is empty.
-    k = torch.zeros(n_ev + 1, dtype=dtype, device=device)
-    k.index_add_(0, idx.clamp(-1, n_ev).where(idx >= 0, n_ev), torch.ones(num_rows, dtype=dtype, device=device))
-    out_of_range, k = k[n_ev], k[:n_ev]
-    bad = torch.stack([out_of_range, (k == 0).sum().to(dtype)]).tolist()
-    if bad[0] > 0:
-        raise ValueError(f"event_index holds {int(bad[0])} value(s) outside 0..{n_ev - 1}")
-    if bad[1] > 0:
-        raise ValueError(f"{int(bad[1])} of {n_ev} events have no rows (every event needs >= 1 row)")
+    # K_e by scatter. Out-of-range indices are routed to an extra slot n_ev, so nothing below can
+    # fault on a bad index; validity is checked in the *same* host sync that reads the stats, so
+    # SRPO costs one sync per call, like grpo_loss.
+    safe = torch.where((idx >= 0) & (idx < n_ev), idx, n_ev)
+    k_all = torch.zeros(n_ev + 1, dtype=dtype, device=device)
+    k_all.index_add_(0, safe, torch.ones(num_rows, dtype=dtype, device=device))
+    k = k_all[:n_ev]
 
     member = _masked_log_ratio(logprobs, old_logprobs, mask).sum(-1)  # l_j, [R]
-    summed = torch.zeros(n_ev, dtype=dtype, device=device).index_add(0, idx, member)
-    log_ratio = summed / norm_fn(k)  # L_e, [E]
+    summed = torch.zeros(n_ev + 1, dtype=dtype, device=device).index_add(0, safe, member)[:n_ev]
+    log_ratio = summed / norm_fn(k.clamp_min(1.0))  # L_e, [E] (clamp: empty events raise below)
     rho = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
     lo, hi = _clip_bounds(clip_eps, clip_eps_high)
@@ -314,8 +315,14 @@ def srpo_loss(
                 (0.5 * log_ratio.square()).mean(),
                 k.mean(),
                 k.max(),
+                k_all[n_ev],
+                (k == 0).sum().to(dtype),
             ]
         ).tolist()
+    if vals[5] > 0:
+        raise ValueError(f"event_index holds {int(vals[5])} value(s) outside 0..{n_ev - 1}")
+    if vals[6] > 0:
+        raise ValueError(f"{int(vals[6])} of {n_ev} events have no rows (every event needs >= 1 row)")
     stats: Stats = {
         "clip_frac": vals[0],
         "mean_abs_log_ratio": vals[1],
