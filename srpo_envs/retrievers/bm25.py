@@ -1,0 +1,182 @@
+"""BM25 over a Lucene index built by pyserini/Anserini from a JSONL corpus, cached by content hash.
+
+The index is built once per (corpus content, settings) into ``<cache>/indexes/bm25-<sha256>`` and
+reused by every later process: the first start on the 22k-passage bundled corpus takes seconds, a
+restart milliseconds. Each passage is indexed as Search-R1's ``'"title"\\ntext'`` so a query that
+names an entity matches its title, and the stored raw JSON keeps the index usable by Search-R1's
+own pyserini server.
+
+Searching calls Anserini's ``io.anserini.search.SimpleSearcher`` (the Java class behind pyserini's
+``LuceneSearcher``, from the jar pyserini ships): ``batch_search`` with a thread count for
+batches, plain ``search`` for a single query (``batch_search`` spins up a Java thread pool per
+call). We call the Java class directly rather than through ``pyserini.search.lucene`` because
+importing that Python module also imports torch, transformers, scikit-learn and an OpenAI client
+- 7-10 s per process (every server start, every env worker) for a wrapper of a few lines; the
+results are identical (checked by a test). Lucene's ``IndexSearcher`` is thread-safe, so
+concurrent calls from server threads need no lock; the searcher is warmed once in ``__init__`` so
+its lazily created internals exist before any concurrent use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from srpo_envs.retrievers.base import (
+    CorpusRetriever,
+    Passage,
+    atomic_write_text,
+    check_k,
+    default_cache_dir,
+    file_lock,
+    settings_key,
+)
+from srpo_envs.retrievers.jvm import anserini_jar, ensure_jvm
+
+MARKER = "srpo_index.json"
+#: Lucene's default BooleanQuery limit (1024 clauses, one per distinct query term) makes a long,
+#: term-rich query throw TooManyClauses; a policy can emit such a query, so allow far more.
+MAX_QUERY_CLAUSES = 1 << 16
+
+
+def build_lucene_index(
+    passages: Sequence[Passage],
+    fingerprint: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    threads: int | None = None,
+    rebuild: bool = False,
+) -> tuple[Path, bool]:
+    """Return ``(index_dir, built)``: the cached index for this corpus, building it if missing.
+
+    ``built`` is False when an existing index was reused. The build goes to a private temp dir
+    next to the target and is published with one ``os.replace``, under a file lock, so a crash
+    or a concurrent process never leaves a half-written index where a reader would pick it up.
+    A finished index carries ``srpo_index.json``; a directory without it is never trusted.
+    """
+    settings = {"kind": "bm25-lucene", "jar": Path(anserini_jar()).name, "contents": "search-r1", "raw": True}
+    key = settings_key(fingerprint, settings)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = root / "indexes" / f"bm25-{key[:32]}"
+    with file_lock(root / "indexes" / f".bm25-{key[:32]}.lock"):
+        if (target / MARKER).is_file() and not rebuild:
+            return target, False
+        tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=root / "indexes"))
+        try:
+            (tmp / "input").mkdir()
+            with open(tmp / "input" / "docs.jsonl", "w", encoding="utf-8") as fh:
+                for p in passages:
+                    fh.write(json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n")
+            n_threads = threads or max(1, min(8, os.cpu_count() or 1))
+            t0 = time.perf_counter()
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "srpo_envs.retrievers._lucene_index",
+                    str(tmp / "input"),
+                    str(tmp / "index"),
+                    str(n_threads),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if proc.returncode != 0:
+                tail = (proc.stdout + proc.stderr)[-3000:]
+                raise RuntimeError(f"Lucene indexing failed (exit {proc.returncode}):\n{tail}")
+            num_docs = json.loads(proc.stdout.strip().splitlines()[-1])["num_docs"]
+            if num_docs != len(passages):
+                raise RuntimeError(f"Lucene indexed {num_docs} of {len(passages)} passages")
+            info = {
+                "corpus_sha256": fingerprint,
+                "key": key,
+                "settings": settings,
+                "num_docs": num_docs,
+                "build_seconds": round(time.perf_counter() - t0, 3),
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+            atomic_write_text(tmp / "index" / MARKER, json.dumps(info, indent=2))
+            if target.exists():  # a stale (unmarked) dir or an explicit rebuild
+                shutil.rmtree(target)
+            os.replace(tmp / "index", target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target, True
+
+
+class BM25Retriever(CorpusRetriever):
+    """Lucene BM25 (pyserini) over a corpus JSONL path or a list of passages.
+
+    ``k1``/``b`` default to Anserini's (0.9, 0.4), as in Search-R1's BM25 setup. ``threads`` is the
+    Java thread count for ``batch_search`` (default: CPU count, at most 8). ``index_built`` tells
+    whether this construction had to build the index (False when it came from the cache).
+
+    Each Python thread that searches attaches itself to the JVM and stays attached; call it from
+    long-lived threads (a fixed pool, as the server does), not from thousands of short-lived ones.
+    """
+
+    name = "bm25"
+
+    def __init__(
+        self,
+        corpus: str | os.PathLike[str] | Sequence[Passage],
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        k1: float = 0.9,
+        b: float = 0.4,
+        threads: int | None = None,
+        rebuild: bool = False,
+    ) -> None:
+        super().__init__(corpus)
+        self.threads = threads or max(1, min(8, os.cpu_count() or 1))
+        self.index_dir, self.index_built = build_lucene_index(
+            self.passages, self.fingerprint, cache_dir, threads=self.threads, rebuild=rebuild
+        )
+        ensure_jvm()
+        from jnius import autoclass
+
+        autoclass("org.apache.lucene.search.IndexSearcher").setMaxClauseCount(MAX_QUERY_CLAUSES)
+        self._array_list = autoclass("java.util.ArrayList")
+        self._searcher: Any = autoclass("io.anserini.search.SimpleSearcher")(str(self.index_dir))
+        self._searcher.set_bm25(float(k1), float(b))
+        self._searcher.search("warm up", 1)
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        if self._searcher is None:
+            raise RuntimeError("BM25Retriever is closed")
+        idx, live = self._split_queries(queries)
+        k = check_k(k, len(self.passages))
+        out: list[list[Passage]] = [[] for _ in queries]
+        if not live:
+            return out
+        if len(live) == 1:
+            hits_per_query = [self._searcher.search(live[0], k)]
+        else:
+            jqueries, jqids = self._array_list(), self._array_list()
+            for i, q in enumerate(live):
+                jqueries.add(q)
+                jqids.add(str(i))
+            res = self._searcher.batch_search(jqueries, jqids, k, min(self.threads, len(live)))
+            by_qid = {e.getKey(): e.getValue() for e in res.entrySet().toArray()}
+            hits_per_query = [by_qid.get(str(i), []) for i in range(len(live))]
+        for i, hits in zip(idx, hits_per_query, strict=True):
+            ranked = []
+            for h in hits:
+                p = self._by_id[h.docid]
+                ranked.append(Passage(p.id, p.title, p.text, float(h.score)))
+            out[i] = ranked
+        return out
+
+    def close(self) -> None:
+        searcher, self._searcher = getattr(self, "_searcher", None), None
+        if searcher is not None:
+            searcher.close()
