@@ -54,6 +54,39 @@ def demo(
     typer.echo(f"{env_id} [{workflow}] team={team}: {correct}/{episodes} correct")
 
 
+def _wire() -> None:
+    """Attach each package's command group (kept in the package that owns the commands)."""
+    from agents.cli import app as model_app
+    from benchmarks.cli import app as bench_app
+    from leaderboards.cli import app as leaderboard_app
+    from learners.cli import train_command
+    from srpo_envs.cli import app as envs_app
+
+    model_app.command("sft")(sft_command)
+    app.add_typer(model_app, name="model", help="Build and warm-start tiny models.")
+    app.command("train")(train_command)
+    app.add_typer(bench_app, name="bench", help="Evaluate and compare on benchmark suites.")
+    app.add_typer(leaderboard_app, name="leaderboard", help="Validate, submit and render leaderboards.")
+    app.registered_commands.extend(envs_app.registered_commands)
+
+
+def sft_command(
+    model: str = typer.Option(..., help="model directory to warm-start (e.g. from `srpo model init-tiny`)"),
+    out: str = typer.Option(..., help="where to save the warm-started model"),
+    steps: int = 1200,
+    lr: float = 3e-3,
+    batch_size: int = 32,
+    seed: int = 0,
+) -> None:
+    """Warm-start a model on procedural worked solutions for every role; prints held-out accuracy."""
+    from agents.sft import SFTConfig, run_sft
+
+    run_sft(model, out, SFTConfig(steps=steps, lr=lr, batch_size=batch_size, seed=seed), log=typer.echo)
+
+
+_wire()
+
+
 def main() -> None:
     app()
 

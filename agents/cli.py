@@ -1,0 +1,38 @@
+"""``srpo model ...``: make and inspect local models (no hub access needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Local models: build tiny test models.", no_args_is_help=True)
+
+
+@app.callback()
+def model() -> None:
+    """Local models: build tiny test models (a callback keeps this a group even with one command)."""
+
+
+@app.command("init-tiny")
+def init_tiny_cmd(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the model and tokenizer to.")],
+    size: Annotated[str, typer.Option(help="tiny (~1M params), small (~5M) or base (~30M).")] = "tiny",
+    arch: Annotated[str, typer.Option(help="llama or qwen2.")] = "llama",
+    seed: Annotated[int, typer.Option(help="Weight initialisation seed.")] = 0,
+) -> None:
+    """Write a randomly initialised causal LM with a locally trained BPE tokenizer to OUT.
+
+    The directory loads with AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT).
+    """
+    from agents.tiny import SIZES, init_tiny
+
+    if size not in SIZES:
+        raise typer.BadParameter(f"--size must be one of {', '.join(SIZES)}")
+    if arch not in ("llama", "qwen2"):
+        raise typer.BadParameter("--arch must be llama or qwen2")
+    info = init_tiny(out, size=size, arch=arch, seed=seed)  # type: ignore[arg-type]
+    typer.echo(f"wrote {info.path}: arch={info.arch} size={info.size} seed={info.seed}")
+    typer.echo(f"parameters: {info.n_params:,}")
+    typer.echo(f"vocab size: {info.vocab_size}")

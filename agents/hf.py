@@ -1,0 +1,649 @@
+"""Transformers backend for the policy interface: batched sampling with exact behaviour log-probs.
+
+Why a hand-written decoding loop instead of ``model.generate``: rollouts need (a) the log-prob of every
+sampled token under the convention in :mod:`agents.policy` (``log_softmax(logits / T)``, top-p not
+applied), (b) a seed per request that reproduces that request whatever else shares its batch, (c) a
+temperature, top-p, ``max_new_tokens`` and stop strings per request inside one batch, and (d) the exact
+sampled ids (no re-tokenisation). ``generate(output_scores=True)`` returns *processed* scores (after
+top-p masking, so a learner's recompute would not match them); ``output_logits=True`` returns raw logits
+but keeps a ``(batch, vocab)`` tensor per step (gigabytes for a 150k vocabulary); and ``generate`` has
+one RNG stream and one set of sampling settings per call. The loop here is the computation
+``generate`` does -- a left-padded prefill that computes only the last position's logits, then one
+token per step against a ``DynamicCache`` -- plus one thing ``generate`` does not do: rows that finished
+are dropped from the batch and the cache once a quarter of the batch is done (rollouts have very
+uneven lengths). ``benchmarks/bench_generate.py`` measures it against ``model.generate``.
+
+Sampling is inverse-CDF with uniforms drawn up front per request (``torch.Generator(seed)`` when the
+request has a seed, the global torch RNG otherwise), so the draw for request *i* at step *t* does not
+depend on the other rows. Rows with ``top_p < 1`` sample from the renormalised nucleus in descending
+probability order; rows with ``top_p == 1`` sample in vocabulary order.
+
+:func:`response_logprobs` is the matching recompute for learners (with gradients when enabled):
+prompts are left-padded and responses right-padded, which is the layout of the generation batch, and
+only the response positions go through the LM head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from agents.policy import ChatMessages, Generation, GenerationRequest, PolicyMap, SamplingParams
+
+#: ``adapter_name`` that runs a ``PeftModel`` with all adapters disabled (the base weights).
+BASE_ADAPTER = "__base__"
+
+#: Drop finished rows from the batch (and the KV cache) once at least this fraction of it is done.
+PRUNE_FRACTION = 0.25
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    """``None``/"auto" -> float32 on CPU (exact log-probs), bfloat16 on accelerators."""
+    if dtype is None or dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, str):
+        resolved = getattr(torch, dtype, None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}")
+        return resolved
+    return dtype
+
+
+def dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """``from_pretrained``/``from_config`` keyword for a dtype: ``dtype`` in transformers 5, ``torch_dtype``
+    before (4.x silently ignores an unknown ``dtype`` and loads float32)."""
+    import transformers
+
+    major = int(transformers.__version__.split(".", 1)[0])
+    return {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
+
+
+def load_causal_lm(
+    path: str | os.PathLike[str], dtype: torch.dtype | str | None, device: torch.device | str
+) -> Any:
+    """``AutoModelForCausalLM.from_pretrained`` on ``device`` (dtype rule: :func:`_resolve_dtype`)."""
+    from transformers import AutoModelForCausalLM
+
+    dev = torch.device(device)
+    model = AutoModelForCausalLM.from_pretrained(str(path), **dtype_kwarg(_resolve_dtype(dtype, dev)))
+    return model.to(dev)
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a core dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _transformers_model(model: Any) -> Any:
+    """The underlying ``PreTrainedModel`` (inside a ``PeftModel`` its modules carry the LoRA layers)."""
+    return model.get_base_model() if _is_peft(model) else model
+
+
+def _forward_params(model: Any) -> set[str]:
+    return set(inspect.signature(_transformers_model(model).forward).parameters)
+
+
+def _cache_kwarg(model: Any) -> str:
+    """transformers 5 renamed ``past_key_values`` to ``cache``; use whichever this version takes."""
+    return "cache" if "cache" in _forward_params(model) else "past_key_values"
+
+
+def _new_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=_transformers_model(model).config)
+    except TypeError:  # transformers 4.x
+        return DynamicCache()
+
+
+def eos_token_ids(tokenizer: Any, model: Any | None = None) -> list[int]:
+    """Every id that ends a sequence: the tokenizer's EOS plus the model's ``generation_config`` ones."""
+    ids: list[int] = []
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    gen_cfg = getattr(_transformers_model(model), "generation_config", None) if model is not None else None
+    extra = getattr(gen_cfg, "eos_token_id", None)
+    if isinstance(extra, int):
+        extra = [extra]
+    for i in extra or []:
+        if int(i) not in ids:
+            ids.append(int(i))
+    return ids
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """A valid id to pad with (never attended to, but it must index the embedding)."""
+    for attr in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def render_chat(tokenizer: Any, messages: ChatMessages) -> str:
+    """Chat messages -> prompt text: the tokenizer's chat template, else a plain role transcript."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    lines = [f"{m['role']}: {m['content']}" for m in messages]
+    return "\n".join([*lines, "assistant:"])
+
+
+def encode_request(tokenizer: Any, request: GenerationRequest) -> list[int]:
+    """The prompt ids of a request: its ``prompt_ids`` when given, else the tokenised prompt.
+
+    Raw text gets the tokenizer's usual special tokens (e.g. a BOS); a chat template already writes
+    its own, so templated text is tokenised without adding any.
+    """
+    if request.prompt_ids is not None:
+        ids = list(request.prompt_ids)
+    elif isinstance(request.prompt, str):
+        ids = tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
+    else:
+        templated = bool(getattr(tokenizer, "chat_template", None))
+        ids = tokenizer(render_chat(tokenizer, request.prompt), add_special_tokens=not templated)["input_ids"]
+    if not ids:
+        raise ValueError(f"empty prompt for agent {request.agent!r}")
+    return [int(i) for i in ids]
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode for the duration (no dropout, incl. LoRA dropout), restoring train mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
+
+
+@contextlib.contextmanager
+def adapter_scope(model: Any, adapter_name: str | None) -> Iterator[None]:
+    """Make one LoRA adapter of a ``PeftModel`` the active one for the duration; change nothing else.
+
+    ``PeftModel.set_adapter`` also flips ``requires_grad`` (active adapter on, the others off). A
+    learner that runs each role's forward in this scope and calls ``backward`` after leaving it would
+    then lose the gradients of every adapter whose flag was switched back off (autograd skips leaves
+    that no longer require grad). So the ``requires_grad`` flags are put back right after each switch:
+    which parameters train is the learner's decision (:func:`lora_policy_map` makes every role's
+    adapter trainable; an inactive adapter gets no gradient because it is not in the forward).
+    ``BASE_ADAPTER`` disables all adapters. A plain model or ``adapter_name=None`` is a no-op.
+    """
+    if adapter_name is None or not _is_peft(model):
+        yield
+        return
+    if adapter_name == BASE_ADAPTER:
+        with model.disable_adapter():
+            yield
+        return
+    previous = model.active_adapter
+    if adapter_name == previous:
+        yield
+        return
+    params = list(model.named_parameters())
+    flags = [p.requires_grad for _, p in params]
+
+    def switch(name: str) -> None:
+        model.set_adapter(name)
+        for (_, p), flag in zip(params, flags, strict=True):
+            if p.requires_grad != flag:
+                p.requires_grad_(flag)
+
+    switch(adapter_name)
+    try:
+        yield
+    finally:
+        switch(previous)
+
+
+def response_logprobs(
+    model: Any,
+    prompt_ids_list: Sequence[Sequence[int]],
+    response_ids_list: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    pad_id: int = 0,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log_softmax(logits / T)`` of every response token, from one forward pass.
+
+    Layout ``[left-padded prompt | right-padded response]`` with position ids counted over real tokens,
+    the same layout the sampler uses, so the result matches ``Generation.logprobs``. Returns float32
+    ``(B, R)`` log-probs and a ``(B, R)`` bool mask of real response tokens (padding entries are 0).
+    Gradients flow when the caller has them enabled; ``temperature <= 0`` means ``T = 1``.
+    """
+    if len(prompt_ids_list) != len(response_ids_list):
+        raise ValueError("prompt_ids_list and response_ids_list differ in length")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    b = len(prompt_ids_list)
+    p_len = max((len(p) for p in prompt_ids_list), default=0)
+    r_len = max((len(r) for r in response_ids_list), default=0)
+    mask = torch.zeros(b, r_len, dtype=torch.bool, device=device)
+    if b == 0 or r_len == 0:
+        return torch.zeros(b, r_len, device=device), mask
+    if any(len(p) == 0 for p in prompt_ids_list):
+        raise ValueError("every prompt needs at least one token")
+    ids = torch.full((b, p_len + r_len), pad_id, dtype=torch.long)
+    attn = torch.zeros(b, p_len + r_len, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_ids_list, response_ids_list, strict=True)):
+        ids[i, p_len - len(p) : p_len] = torch.as_tensor(list(p), dtype=torch.long)
+        ids[i, p_len : p_len + len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+        attn[i, p_len - len(p) : p_len + len(r)] = 1
+        mask[i, : len(r)] = True
+    ids, attn = ids.to(device), attn.to(device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    kwargs: dict[str, Any] = {"use_cache": False}
+    if "logits_to_keep" in _forward_params(model):
+        kwargs["logits_to_keep"] = r_len + 1
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, **kwargs).logits
+    logits = logits[:, -(r_len + 1) : -1].float()  # position P-1+t predicts response token t
+    t = temperature if temperature > 0 else 1.0
+    logp = torch.log_softmax(logits / t, dim=-1)
+    target = ids[:, p_len:].unsqueeze(-1)
+    out = logp.gather(-1, target).squeeze(-1)
+    return out.masked_fill(~mask, 0.0), mask
+
+
+def _sample(
+    logits: torch.Tensor, temp: torch.Tensor, top_p: torch.Tensor, greedy: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return it and its behaviour log-prob (see :mod:`agents.policy`).
+
+    ``u`` holds one uniform in [0, 1) per row: inverse-CDF sampling makes a row's draw a function of
+    its own uniform and distribution only.
+    """
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    scaled = logits / temp.unsqueeze(-1)
+    logz = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    probs = torch.exp(scaled - logz)
+    cdf = probs.cumsum(-1)
+    tok = (
+        torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1).clamp_(max=vocab - 1)
+    )
+    nucleus = (top_p < 1.0) & ~greedy
+    if bool(nucleus.any()):
+        rows = nucleus.nonzero().squeeze(-1)
+        sp, si = probs[rows].sort(dim=-1, descending=True)
+        drop = (sp.cumsum(-1) - sp) >= top_p[rows].unsqueeze(-1)  # the first token is always kept
+        sp = sp.masked_fill(drop, 0.0)
+        c2 = sp.cumsum(-1)
+        k = torch.searchsorted(c2, (u[rows] * c2[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+        k = torch.minimum(k, (~drop).sum(-1) - 1)
+        tok[rows] = si.gather(-1, k.unsqueeze(-1)).squeeze(-1)
+    if bool(greedy.any()):
+        tok = torch.where(greedy, logits.argmax(-1), tok)
+    logprob = (scaled.gather(-1, tok.unsqueeze(-1)) - logz).squeeze(-1)
+    return tok, logprob
+
+
+# ------------------------------------------------------------------------------------------- policy
+
+
+class HFPolicy:
+    """A :class:`agents.policy.Policy` on a transformers causal LM (optionally a LoRA ``PeftModel``).
+
+    ``model_or_path``: a local directory or hub id (``AutoModelForCausalLM.from_pretrained``), a
+    ``PreTrainedModel`` or a ``PeftModel``. ``tokenizer``: a tokenizer or a path/id; by default the one
+    beside the model. ``device``: ``None`` keeps a given model where it is and puts a loaded one on CPU.
+    ``dtype``: ``None`` loads float32 on CPU (the exact-log-prob setting) and bfloat16 on accelerators,
+    and leaves a given model's dtype alone. ``adapter_name``: the LoRA adapter this policy activates on a
+    ``PeftModel`` (``BASE_ADAPTER`` for the bare base). ``max_batch_size``: rows per forward batch.
+
+    The learner updates the weights in place (same module object) and bumps ``policy_version``.
+    """
+
+    def __init__(
+        self,
+        model_or_path: Any,
+        tokenizer: Any = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | str | None = None,
+        adapter_name: str | None = None,
+        *,
+        max_batch_size: int = 64,
+        policy_version: int = 0,
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        if isinstance(model_or_path, (str, os.PathLike)):
+            model = load_causal_lm(model_or_path, dtype, device or "cpu")
+            if tokenizer is None:
+                tokenizer = str(model_or_path)
+        else:
+            model = model_or_path
+            if device is not None:
+                model.to(torch.device(device))
+            if dtype is not None:
+                model.to(_resolve_dtype(dtype, next(model.parameters()).device))
+        if tokenizer is None:
+            name = getattr(_transformers_model(model), "name_or_path", None)
+            if not name:
+                raise ValueError("pass a tokenizer when the model was not loaded from a path")
+            tokenizer = name
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        if adapter_name is not None and adapter_name != BASE_ADAPTER:
+            if not _is_peft(model):
+                raise ValueError(f"adapter_name={adapter_name!r} needs a peft.PeftModel")
+            if adapter_name not in model.peft_config:
+                raise ValueError(f"adapter {adapter_name!r} not in {sorted(model.peft_config)}")
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.adapter_name = adapter_name
+        self.max_batch_size = max_batch_size
+        self.policy_version = policy_version
+        self.eos_ids = eos_token_ids(tokenizer, model)
+        self.pad_id = pad_token_id(tokenizer)
+        self._cache_kwarg = _cache_kwarg(model)
+        self._keep_kwarg = "logits_to_keep" in _forward_params(model)
+
+    # -- properties / views ------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def view(self, adapter_name: str | None, policy_version: int = 0) -> HFPolicy:
+        """Another policy on the same model and tokenizer (e.g. another LoRA adapter), own version."""
+        return HFPolicy(
+            self.model,
+            self.tokenizer,
+            adapter_name=adapter_name,
+            max_batch_size=self.max_batch_size,
+            policy_version=policy_version,
+        )
+
+    def bump_version(self) -> int:
+        """Called by the learner after a weight update; returns the new version."""
+        self.policy_version += 1
+        return self.policy_version
+
+    # -- prompts -----------------------------------------------------------------------------------
+
+    def render_chat(self, messages: ChatMessages) -> str:
+        return render_chat(self.tokenizer, messages)
+
+    def encode_prompt(self, request: GenerationRequest) -> list[int]:
+        return encode_request(self.tokenizer, request)
+
+    # -- log-probs ---------------------------------------------------------------------------------
+
+    def compute_logprobs(
+        self,
+        prompt_ids_list: Sequence[Sequence[int]],
+        response_ids_list: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+    ) -> list[list[float]]:
+        """Per-token ``log_softmax(logits / T)`` of each response given its prompt (no gradients).
+
+        One forward per ``max_batch_size`` rows; the adapter of this policy is active.
+        """
+        out: list[list[float]] = []
+        with torch.inference_mode(), eval_mode(self.model), adapter_scope(self.model, self.adapter_name):
+            for s in range(0, len(prompt_ids_list), self.max_batch_size):
+                ps = prompt_ids_list[s : s + self.max_batch_size]
+                rs = response_ids_list[s : s + self.max_batch_size]
+                lp, _ = response_logprobs(self.model, ps, rs, temperature, self.pad_id, self.device)
+                out.extend(row[: len(r)] for row, r in zip(lp.tolist(), rs, strict=True))
+        return out
+
+    # -- generation --------------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Sample a response per request (batched, longest prompts first); results in request order."""
+        prompts = [self.encode_prompt(r) for r in requests]
+        order = sorted(range(len(requests)), key=lambda i: -len(prompts[i]))
+        out: list[Generation | None] = [None] * len(requests)
+        with torch.inference_mode(), eval_mode(self.model), adapter_scope(self.model, self.adapter_name):
+            for s in range(0, len(order), self.max_batch_size):
+                idx = order[s : s + self.max_batch_size]
+                gens = self._generate_batch([requests[i] for i in idx], [prompts[i] for i in idx])
+                for i, g in zip(idx, gens, strict=True):
+                    out[i] = g
+        return out  # type: ignore[return-value]
+
+    def _forward(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
+        if self._keep_kwarg:
+            kwargs["logits_to_keep"] = 1
+        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, **kwargs).logits
+        return logits[:, -1]
+
+    @staticmethod
+    def _uniforms(sps: Sequence[SamplingParams], steps: int) -> torch.Tensor:
+        """One uniform per (row, step): from the request's own generator when it has a seed."""
+        u = torch.zeros(len(sps), steps)
+        unseeded = [i for i, sp in enumerate(sps) if sp.seed is None]
+        if unseeded:
+            u[unseeded] = torch.rand(len(unseeded), steps)
+        for i, sp in enumerate(sps):
+            if sp.seed is not None:  # its own length: the stream must not depend on the batch's longest row
+                m = sp.max_new_tokens
+                u[i, :m] = torch.rand(m, generator=torch.Generator().manual_seed(int(sp.seed)))
+        return u
+
+    def _generate_batch(
+        self, requests: Sequence[GenerationRequest], prompts: list[list[int]]
+    ) -> list[Generation]:
+        dev = self.device
+        n = len(requests)
+        sps: list[SamplingParams] = [r.sampling for r in requests]
+        max_new = [sp.max_new_tokens for sp in sps]
+        steps = max(max_new, default=0)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        finish: list[str | None] = ["length" if m == 0 else None for m in max_new]
+        reason: list[int | str | None] = [None] * n
+        if steps > 0:
+            self._decode_loop(sps, prompts, steps, tokens, logps, finish, reason, dev)
+        return [
+            self._finalise(sps[i], prompts[i], tokens[i], logps[i], finish[i], reason[i]) for i in range(n)
+        ]
+
+    def _decode_loop(
+        self,
+        sps: list[SamplingParams],
+        prompts: list[list[int]],
+        steps: int,
+        tokens: list[list[int]],
+        logps: list[list[float]],
+        finish: list[str | None],
+        reason: list[int | str | None],
+        dev: torch.device,
+    ) -> None:
+        n = len(sps)
+        p_len = max(len(p) for p in prompts)
+        ids = torch.full((n, p_len), self.pad_id, dtype=torch.long)
+        attn = torch.zeros(n, p_len, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, p_len - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+            attn[i, p_len - len(p) :] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
+        temp = torch.tensor([sp.temperature if sp.temperature > 0 else 1.0 for sp in sps], device=dev)
+        top_p = torch.tensor([sp.top_p for sp in sps], device=dev)
+        greedy = torch.tensor([sp.greedy for sp in sps], device=dev)
+        u = self._uniforms(sps, steps).to(dev)
+        eos = [frozenset() if sp.ignore_eos else frozenset(self.eos_ids) for sp in sps]
+        window = [4 * max((len(s) for s in sp.stop), default=0) + 2 for sp in sps]
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+
+        cache = _new_cache(self.model)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(ids, attn, pos, cache)
+        next_pos = attn.sum(-1, keepdim=True)
+        rows = list(range(n))  # original index of each row still in the batch
+        for step in range(steps):
+            tok, lp = _sample(logits, temp, top_p, greedy, u[:, step])
+            tok_l, lp_l = tok.tolist(), lp.tolist()
+            check: list[int] = []
+            for j, i in enumerate(rows):
+                if finish[i] is not None:
+                    continue
+                t = tok_l[j]
+                tokens[i].append(t)
+                logps[i].append(lp_l[j])
+                if t in eos[i]:
+                    finish[i], reason[i] = "stop", t
+                elif sps[i].stop:
+                    check.append(i)
+                if finish[i] is None and len(tokens[i]) >= sps[i].max_new_tokens:
+                    finish[i] = "length"
+            if check:
+                tails = [tokens[i][-window[i] :] for i in check]
+                if backend is not None:
+                    texts = backend.decode_batch(tails, skip_special_tokens=False)
+                else:
+                    texts = self.tokenizer.batch_decode(tails, skip_special_tokens=False)
+                for i, text in zip(check, texts, strict=True):
+                    hit = next((s for s in sps[i].stop if s in text), None)
+                    if hit is not None:
+                        finish[i], reason[i] = "stop", hit
+            live = [j for j, i in enumerate(rows) if finish[i] is None]
+            if not live:
+                break
+            if len(rows) - len(live) >= max(1, PRUNE_FRACTION * len(rows)):
+                keep = torch.tensor(live, device=dev)
+                cache.batch_select_indices(keep)
+                attn, next_pos, tok = attn[keep], next_pos[keep], tok[keep]
+                temp, top_p, greedy, u = temp[keep], top_p[keep], greedy[keep], u[keep]
+                rows = [rows[j] for j in live]
+            attn = torch.cat([attn, attn.new_ones(len(rows), 1)], dim=-1)
+            logits = self._forward(tok.unsqueeze(-1), attn, next_pos, cache)
+            next_pos = next_pos + 1
+
+    def _finalise(
+        self,
+        sp: SamplingParams,
+        prompt: list[int],
+        tokens: list[int],
+        logps: list[float],
+        finish: str | None,
+        reason: int | str | None,
+    ) -> Generation:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if isinstance(reason, str):
+            ends = [text.find(s) + len(s) for s in sp.stop if s in text]
+            if ends:
+                text = text[: min(ends)]
+        return Generation(
+            text=text,
+            token_ids=tokens,
+            logprobs=logps,
+            prompt_ids=prompt,
+            policy_version=self.policy_version,
+            finish_reason=finish or "length",  # type: ignore[arg-type]
+            stop_reason=reason,
+        )
+
+
+# ------------------------------------------------------------------------------------- LoRA per role
+
+
+def default_lora_config(r: int = 8, alpha: int = 16, dropout: float = 0.0) -> Any:
+    """LoRA on every linear layer; dropout 0 so the learner's recompute equals the behaviour log-prob."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+
+
+def _mark_adapters_trainable(model: Any, adapters: Sequence[str]) -> None:
+    """Every role's adapter trainable, the base frozen: ``get_peft_model``/``set_adapter`` leave only the
+    active adapter trainable, which would silently freeze the other roles."""
+    names = set(adapters)
+    for name, p in model.named_parameters():
+        parts = set(name.split("."))
+        p.requires_grad_(bool(parts & names) and "lora_" in name)
+
+
+def lora_policy_map(
+    base: Any,
+    roles: Sequence[str],
+    lora_config: Any = None,
+    tokenizer: Any = None,
+    adapters: Mapping[str, str | os.PathLike[str]] | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    **policy_kwargs: Any,
+) -> PolicyMap:
+    """One base model with one LoRA adapter per role, as a :class:`PolicyMap` of :class:`HFPolicy` views.
+
+    ``base``: path/id, ``PreTrainedModel``, :class:`HFPolicy`, or a ``PeftModel`` that already has an
+    adapter named after every role. New adapters come from ``lora_config`` (default
+    :func:`default_lora_config`) or are loaded from ``adapters[role]`` (a saved adapter directory).
+    Wrapping injects the LoRA layers into ``base`` in place and leaves every role's adapter trainable
+    (base frozen). All views share the model, so their batches run one after another with their own
+    adapter active ("adapter switching per batch group", :func:`adapter_scope`).
+    """
+    from peft import PeftModel, get_peft_model
+    from transformers import AutoTokenizer
+
+    roles = list(dict.fromkeys(roles))
+    if not roles:
+        raise ValueError("lora_policy_map needs at least one role")
+    if isinstance(base, HFPolicy):
+        tokenizer = tokenizer if tokenizer is not None else base.tokenizer
+        base = base.model
+    if isinstance(base, (str, os.PathLike)):
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(base))
+        base = load_causal_lm(base, dtype, device or "cpu")
+        device = dtype = None
+    if isinstance(base, PeftModel):
+        model = base
+        missing = [r for r in roles if r not in model.peft_config]
+        if missing:
+            raise ValueError(f"PeftModel has no adapter for roles {missing}")
+    elif adapters:
+        missing = [r for r in roles if r not in adapters]
+        if missing:
+            raise ValueError(f"no adapter path for roles {missing}")
+        model = PeftModel.from_pretrained(
+            base, str(adapters[roles[0]]), adapter_name=roles[0], is_trainable=True
+        )
+        for r in roles[1:]:
+            model.load_adapter(str(adapters[r]), adapter_name=r, is_trainable=True)
+    else:
+        cfg = lora_config if lora_config is not None else default_lora_config()
+        model = get_peft_model(base, cfg, adapter_name=roles[0])
+        for r in roles[1:]:
+            model.add_adapter(r, cfg)
+    if not isinstance(base, PeftModel):  # a PeftModel passed in keeps the caller's trainable set
+        _mark_adapters_trainable(model, roles)
+    first = HFPolicy(model, tokenizer, device=device, dtype=dtype, adapter_name=roles[0], **policy_kwargs)
+    policies = {roles[0]: first}
+    for r in roles[1:]:
+        policies[r] = first.view(r)
+    return PolicyMap.per_role(policies)
+
+
+__all__ = [
+    "BASE_ADAPTER",
+    "HFPolicy",
+    "adapter_scope",
+    "default_lora_config",
+    "dtype_kwarg",
+    "load_causal_lm",
+    "eos_token_ids",
+    "eval_mode",
+    "lora_policy_map",
+    "encode_request",
+    "pad_token_id",
+    "render_chat",
+    "response_logprobs",
+]

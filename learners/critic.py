@@ -1,0 +1,62 @@
+"""MAPPO's centralised critic: a value head on a small transformers backbone reading the shared state.
+
+The critic sees what no single agent sees: the env's shared state text before each event (the
+problem and every consumed output so far). Its backbone is a separate copy of the policy's base
+model (so value learning never disturbs the policy) and the value is a linear head on the last
+token's final hidden state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+class ValueCritic(nn.Module):
+    """``V(state_text)`` with a transformers backbone; ``max_tokens`` keeps the state's tail."""
+
+    def __init__(self, backbone: nn.Module, tokenizer: Any, max_tokens: int = 256) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        hidden = int(backbone.config.hidden_size)
+        self.head = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad if pad is not None else 0)
+
+    @classmethod
+    def from_pretrained(cls, path: str, tokenizer: Any = None, max_tokens: int = 256) -> ValueCritic:
+        """Backbone = the base model (no LM head) of a causal-LM checkpoint, e.g. the policy's."""
+        from transformers import AutoModel, AutoTokenizer
+
+        backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
+        return cls(backbone, tokenizer or AutoTokenizer.from_pretrained(path), max_tokens)
+
+    def encode(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """Right-aligned (left-padded) ids keeping each text's last ``max_tokens`` tokens."""
+        ids = [
+            self.tokenizer(t, add_special_tokens=False)["input_ids"][-self.max_tokens :] or [self.pad_id]
+            for t in texts
+        ]
+        width = max(len(x) for x in ids)
+        input_ids = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, x in enumerate(ids):
+            input_ids[i, width - len(x) :] = torch.tensor(x)
+            attention[i, width - len(x) :] = 1
+        return input_ids, attention
+
+    def forward(self, texts: Sequence[str]) -> Tensor:
+        input_ids, attention = self.encode(texts)
+        device = self.head.weight.device
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        position_ids = (attention.cumsum(-1) - 1).clamp_min(0) * attention
+        out = self.backbone(input_ids=input_ids, attention_mask=attention, position_ids=position_ids)
+        last = out.last_hidden_state[:, -1]  # left padding: the last column is every text's last token
+        return self.head(last).squeeze(-1)
