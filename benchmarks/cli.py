@@ -150,3 +150,170 @@ def eval_cmd(
         )
         path = atomic_write_text(out_dir / "record.json", dump_record_json(record))
         typer.echo(f"wrote {path} ({record.short_hash})")
+
+
+#: Where ``srpo bench quick`` looks for a shipped warm-started tiny model before building one.
+BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "agents" / "checkpoints" / "tiny-sft"
+
+
+def _print_comparison(result: Any, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in result.table.columns:
+        table.add_column(str(col), justify="left" if col == "variant" else "right")
+    for row in result.table.itertuples(index=False):
+        table.add_row(*[str(v) for v in row])
+    Console().print(table)
+
+
+def _run_compare(
+    model: Path,
+    out: Path,
+    variants: dict[str, dict[str, Any]],
+    seeds: list[int],
+    suite: str,
+    iterations: int,
+    tasks_per_iter: int,
+    group_size: int,
+    eval_k: int,
+    eval_limit: int,
+    lr: float,
+    title: str,
+) -> Any:
+    from benchmarks.compare import CompareConfig, run_comparison
+
+    cfg = CompareConfig(
+        model=str(model),
+        out_dir=str(out),
+        variants=variants,
+        seeds=tuple(seeds),
+        suite=suite,
+        train={
+            "iterations": iterations,
+            "tasks_per_iter": tasks_per_iter,
+            "group_size": group_size,
+            "lr": lr,
+        },
+        eval_k=eval_k,
+        eval_limit=eval_limit,
+    )
+    result = run_comparison(cfg, log=typer.echo)
+    _print_comparison(result, title)
+    for name, path in sorted(result.paths.items()):
+        typer.echo(f"wrote {name}: {path}")
+    return result
+
+
+@app.command("compare")
+def compare_cmd(
+    model: Path = typer.Option(..., help="warm-started model directory"),
+    out: Path = typer.Option(Path("runs/compare"), help="output directory"),
+    algos: str = typer.Option("srpo,grpo,mappo", help="comma-separated algorithms"),
+    seeds: str = typer.Option("0,1", help="comma-separated seeds"),
+    suite: str = "quick-math",
+    iterations: int = 12,
+    tasks_per_iter: int = 8,
+    group_size: int = 4,
+    eval_k: int = 2,
+    eval_limit: int = 32,
+    lr: float = 3e-4,
+) -> None:
+    """Train each algorithm for each seed from MODEL and compare before/after accuracy."""
+    from benchmarks.compare import ALGORITHMS
+
+    names = [a.strip() for a in algos.split(",") if a.strip()]
+    unknown = [a for a in names if a not in ALGORITHMS]
+    if unknown:
+        raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(ALGORITHMS)}")
+    _run_compare(
+        model,
+        out,
+        {a: ALGORITHMS[a] for a in names},
+        [int(s) for s in seeds.split(",")],
+        suite,
+        iterations,
+        tasks_per_iter,
+        group_size,
+        eval_k,
+        eval_limit,
+        lr,
+        f"{suite}: algorithms",
+    )
+
+
+@app.command("ablation")
+def ablation_cmd(
+    model: Path = typer.Option(..., help="warm-started model directory"),
+    out: Path = typer.Option(Path("runs/ablation"), help="output directory"),
+    seeds: str = "0,1",
+    iterations: int = 12,
+    eval_k: int = 2,
+    eval_limit: int = 32,
+    lr: float = 3e-4,
+) -> None:
+    """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1."""
+    from benchmarks.compare import ABLATIONS
+
+    _run_compare(
+        model,
+        out,
+        dict(ABLATIONS),
+        [int(s) for s in seeds.split(",")],
+        "quick-math",
+        iterations,
+        8,
+        4,
+        eval_k,
+        eval_limit,
+        lr,
+        "SRPO normalisation ablation",
+    )
+
+
+@app.command("quick")
+def quick_cmd(
+    out: Path = typer.Option(Path("runs/quick"), help="output directory"),
+    model: Path | None = typer.Option(
+        None, help="warm-started model (default: the bundled tiny-sft, else built)"
+    ),
+    seeds: str = "0,1",
+    iterations: int = 8,
+    eval_limit: int = 32,
+) -> None:
+    """The main job: warm-started tiny model -> SRPO, GRPO, MAPPO on quick-math -> tables, records, page."""
+    import time
+
+    from benchmarks.compare import ALGORITHMS
+
+    start = time.perf_counter()
+    if model is None:
+        model = BUNDLED_MODEL if (BUNDLED_MODEL / "config.json").exists() else _build_model(out / "model")
+    typer.echo(f"model: {model}")
+    _run_compare(
+        model,
+        out,
+        dict(ALGORITHMS),
+        [int(s) for s in seeds.split(",")],
+        "quick-math",
+        iterations,
+        8,
+        4,
+        2,
+        eval_limit,
+        3e-4,
+        "quick-math: held-out Avg@2 before -> after RL (mean ± std over seeds)",
+    )
+    typer.echo(f"bench quick finished in {time.perf_counter() - start:.0f}s")
+
+
+def _build_model(out: Path) -> Path:
+    """init-tiny + sft, used when no warm-started model is shipped (takes several minutes on CPU)."""
+    from agents.sft import SFTConfig, run_sft
+    from agents.tiny import init_tiny
+
+    base = out.parent / (out.name + "-init")
+    init_tiny(base, size="tiny", seed=0)
+    run_sft(base, out, SFTConfig(), log=typer.echo)
+    return out

@@ -334,7 +334,7 @@ class Trainer:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
-                st.update(loss=float(loss), grad_norm=float(grad_norm))
+                st.update(loss=float(loss.detach()), grad_norm=float(grad_norm))
                 if cfg.algo == "mappo":
                     st.update(self._critic_step(mb.rows, extra))
                 for k, v in st.items():
@@ -375,7 +375,7 @@ class Trainer:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
         history = self._read_metrics()
-        if self.iteration == 0 and not history:
+        if cfg.eval_every and self.iteration == 0 and not history:
             acc = self.evaluate()
             self._append_metrics({"iteration": 0, "eval_accuracy": acc})
             history.append({"iteration": 0, "eval_accuracy": acc})

@@ -17,6 +17,7 @@ invalid and its reward is reduced by ``format_penalty``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from srpo_envs.base import EventParallelEnv, Parsed, Transition
@@ -44,7 +45,7 @@ class MathVerifyEnv(EventParallelEnv):
         tasks: list[MathTask] | None = None,
         split: str | None = None,
         dataset_size: int | None = None,
-        difficulty: int = 2,
+        difficulty: int | Sequence[int] = 2,
         n_proposers: int = 3,
         max_rounds: int = 2,
         default_route: int = 1,
@@ -65,9 +66,12 @@ class MathVerifyEnv(EventParallelEnv):
         if tasks is not None:
             self.tasks = list(tasks)
         elif dataset.startswith("procedural"):
-            self.tasks = load_math(
-                dataset, split=split or "train", limit=dataset_size or 512, difficulty=difficulty
-            )
+            levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
+            per_level = [
+                load_math(dataset, split=split or "train", limit=dataset_size or 512, difficulty=d) for d in levels
+            ]
+            # interleave levels so any prefix (and any random sample) mixes difficulties
+            self.tasks = [t for group in zip(*per_level, strict=False) for t in group]
         else:
             self.tasks = load_math(dataset, split=split, limit=dataset_size)
         if not self.tasks:

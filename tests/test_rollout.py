@@ -73,3 +73,36 @@ def test_collection_is_reproducible() -> None:
         return c.collect([0, 5], group_size=3, seed=11).rows
 
     assert run() == run()
+
+
+@pytest.mark.parametrize("workflow", ["proposers-aggregator", "solver-verifier", "routed"])
+def test_tiny_model_rollout_rows_match_events(workflow: str, tiny_model_dir) -> None:
+    from agents.hf import HFPolicy
+    from agents.policy import SamplingParams
+
+    policy = HFPolicy(tiny_model_dir)
+    collector = RolloutCollector(
+        lambda: srpo_envs.make("ProcArith-v0", workflow=workflow),
+        PolicyMap.shared(policy),
+        SamplingParams(temperature=1.0, max_new_tokens=12),
+    )
+    batch = collector.collect([0, 1], group_size=2, seed=3)
+    by_event = group_rows_by_event(batch.rows)
+    for events in batch.events.values():
+        for e in events:
+            rows = by_event[e.event_id]
+            assert tuple(r.agent for r in rows) == e.members and all(
+                r.expected_k == e.cardinality for r in rows
+            )
+            for r in rows:
+                assert r.response_text == e.outputs[r.agent]
+                assert len(r.behaviour_logprobs) == len(r.response_ids) > 0
+    recomputed = policy.compute_logprobs(
+        [r.prompt_ids for r in batch.rows], [r.response_ids for r in batch.rows]
+    )
+    diff = max(
+        abs(a - b)
+        for r, lp in zip(batch.rows, recomputed, strict=True)
+        for a, b in zip(r.behaviour_logprobs, lp, strict=True)
+    )
+    assert diff <= 1e-4

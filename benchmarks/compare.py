@@ -1,0 +1,289 @@
+"""Training comparison runner: variants (algorithms or ablations) x seeds -> curves, tables, records.
+
+For every seed the starting model is evaluated once ("before"); every variant is then trained from
+it and evaluated again ("after") on the same suite with the same evaluation seeds, so before/after
+differences are paired. Outputs under ``out_dir``:
+
+* ``runs/<variant>-s<seed>/`` — each training run (metrics.jsonl, checkpoint, final model);
+* ``comparison.csv`` / ``comparison.md`` — before/after accuracy per variant, mean ± std over seeds;
+* ``curves.png`` — training accuracy per iteration, one line per variant with a ± band over seeds;
+* ``results.json`` — one validated leaderboard record per variant (and one for the start model),
+  ``leaderboard.md`` and ``leaderboard.html``.
+
+``ABLATIONS`` holds the built-in SRPO set-normalisation experiment (``sqrt``, ``sum``, ``mean`` and
+K=1), runnable as ``srpo bench ablation``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from agents.policy import PolicyMap, SamplingParams
+from benchmarks.evaluate import EvalResult, evaluate
+from benchmarks.report import atomic_write_text, format_mean_std, plot_learning_curves, to_markdown, write_csv
+from learners.trainer import TrainConfig, Trainer
+
+#: Variant name -> TrainConfig overrides.
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    "srpo": {"algo": "srpo"},
+    "grpo": {"algo": "grpo"},
+    "mappo": {"algo": "mappo"},
+}
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "srpo-sqrt": {"algo": "srpo", "norm": "sqrt"},
+    "srpo-sum": {"algo": "srpo", "norm": "sum"},
+    "srpo-mean": {"algo": "srpo", "norm": "mean"},
+    "srpo-k1": {"algo": "srpo", "norm": "k1"},
+}
+
+
+@dataclass
+class CompareConfig:
+    """What to compare and how to measure it."""
+
+    model: str
+    out_dir: str = "runs/compare"
+    variants: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(ALGORITHMS))
+    seeds: tuple[int, ...] = (0, 1)
+    suite: str = "quick-math"
+    workflow: str = "proposers-aggregator"
+    env_id: str = "ProcArith-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"difficulty": [1, 2]})
+    train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides shared by all variants
+    eval_k: int = 2
+    eval_limit: int | None = 32
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+
+
+@dataclass
+class ComparisonResult:
+    table: pd.DataFrame  # one row per variant (plus the start model)
+    runs: pd.DataFrame  # one row per (variant, seed): before/after macro accuracy, seconds
+    curves: pd.DataFrame  # long: variant, seed, iteration, train_accuracy, reward_mean
+    records: list[Any]
+    paths: dict[str, Path]
+
+
+def _macro_accuracy(result: EvalResult) -> float:
+    return float(result.macro[f"avg@{result.k}"])
+
+
+def _weights_sha256(model_dir: str) -> str | None:
+    from leaderboards.schema import sha256_file
+
+    path = Path(model_dir) / "model.safetensors"
+    return sha256_file(path) if path.exists() else None
+
+
+def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print) -> ComparisonResult:
+    """Train every variant for every seed from ``cfg.model``; evaluate before and after."""
+    from agents.hf import HFPolicy
+
+    say = log or (lambda s: None)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    env_kwargs = {"workflow": cfg.workflow, **cfg.env_kwargs}
+
+    def run_eval(policies: PolicyMap, seed: int) -> EvalResult:
+        return evaluate(
+            policies,
+            cfg.suite,
+            cfg.workflow,
+            cfg.eval_k,
+            sampling=sampling,
+            limit=cfg.eval_limit,
+            seed=seed,
+            progress=False,
+        )
+
+    runs: list[dict[str, Any]] = []
+    evals: dict[tuple[str, int], EvalResult] = {}
+    curves: list[dict[str, Any]] = []
+    start = HFPolicy(cfg.model)
+    for seed in cfg.seeds:
+        t0 = time.perf_counter()
+        evals[("start", seed)] = run_eval(PolicyMap.shared(start), seed)
+        say(
+            f"start model, eval seed {seed}: {cfg.suite} avg@{cfg.eval_k} = "
+            f"{_macro_accuracy(evals[('start', seed)]):.3f} ({time.perf_counter() - t0:.0f}s)"
+        )
+    for name, overrides in cfg.variants.items():
+        for seed in cfg.seeds:
+            t0 = time.perf_counter()
+            train_cfg = TrainConfig(
+                model=cfg.model,
+                out_dir=str(out / "runs" / f"{name}-s{seed}"),
+                env_id=cfg.env_id,
+                env_kwargs=env_kwargs,
+                seed=seed,
+                temperature=cfg.temperature,
+                max_new_tokens=cfg.max_new_tokens,
+                **{"eval_every": 0, "save_every": 0, **cfg.train, **overrides},
+            )
+            trainer = Trainer(train_cfg, log=None)
+            if trainer.metrics_path.exists():
+                trainer.metrics_path.unlink()
+            history = trainer.train()
+            t1 = time.perf_counter()
+            result = run_eval(trainer.policies, seed)
+            evals[(name, seed)] = result
+            before, after = _macro_accuracy(evals[("start", seed)]), _macro_accuracy(result)
+            runs.append(
+                {
+                    "variant": name,
+                    "seed": seed,
+                    "before": before,
+                    "after": after,
+                    "delta": after - before,
+                    "train_s": round(t1 - t0, 1),
+                    "eval_s": round(time.perf_counter() - t1, 1),
+                }
+            )
+            for h in history:
+                if "train_accuracy" in h:
+                    curves.append(
+                        {
+                            "variant": name,
+                            "seed": seed,
+                            "iteration": h["iteration"],
+                            "train_accuracy": h["train_accuracy"],
+                            "reward_mean": h["reward_mean"],
+                        }
+                    )
+            say(f"{name} seed {seed}: {before:.3f} -> {after:.3f} (train {t1 - t0:.0f}s)")
+    runs_df = pd.DataFrame(runs)
+    curves_df = pd.DataFrame(curves)
+    table = _summary_table(cfg, runs_df, evals)
+    paths = _write_outputs(cfg, out, table, runs_df, curves_df)
+    records = _records(cfg, evals)
+    paths.update(_write_records(out, records))
+    return ComparisonResult(table, runs_df, curves_df, records, paths)
+
+
+def _summary_table(
+    cfg: CompareConfig, runs: pd.DataFrame, evals: Mapping[tuple[str, int], EvalResult]
+) -> pd.DataFrame:
+    k = cfg.eval_k
+    rows = []
+    starts = [_macro_accuracy(evals[("start", s)]) for s in cfg.seeds]
+    datasets = list(evals[("start", cfg.seeds[0])].table.index)
+    rows.append(
+        {
+            "variant": "start (SFT)",
+            "before": format_mean_std(np.mean(starts), _std(starts)),
+            "after": "",
+            "delta": "",
+            **{
+                f"{d} avg@{k}": format_mean_std(
+                    *_ms([evals[("start", s)].table.loc[d, f"avg@{k}"] for s in cfg.seeds])
+                )
+                for d in datasets
+            },
+        }
+    )
+    for name in cfg.variants:
+        sub = runs[runs["variant"] == name]
+        rows.append(
+            {
+                "variant": name,
+                "before": format_mean_std(*_ms(sub["before"])),
+                "after": format_mean_std(*_ms(sub["after"])),
+                "delta": format_mean_std(*_ms(sub["delta"])),
+                **{
+                    f"{d} avg@{k}": format_mean_std(
+                        *_ms([evals[(name, s)].table.loc[d, f"avg@{k}"] for s in cfg.seeds])
+                    )
+                    for d in datasets
+                },
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _std(values: Sequence[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def _ms(values: Any) -> tuple[float, float]:
+    vals = [float(v) for v in values]
+    return float(np.mean(vals)), _std(vals)
+
+
+def _write_outputs(
+    cfg: CompareConfig, out: Path, table: pd.DataFrame, runs: pd.DataFrame, curves: pd.DataFrame
+) -> dict[str, Path]:
+    paths = {
+        "comparison_csv": write_csv(runs, out / "comparison.csv"),
+        "comparison_md": atomic_write_text(out / "comparison.md", to_markdown(table) + "\n"),
+        "config": atomic_write_text(
+            out / "compare_config.json", json.dumps(asdict(cfg), indent=2, default=str) + "\n"
+        ),
+    }
+    if not curves.empty:
+        paths["curves"] = plot_learning_curves(
+            curves,
+            out / "curves.png",
+            metric="train_accuracy",
+            x="iteration",
+            hue="variant",
+            seed_col="seed",
+            title=f"{cfg.workflow}: training accuracy (mean ± std over {len(cfg.seeds)} seeds)",
+            ylabel="team accuracy on training rollouts",
+        )
+    return paths
+
+
+def _records(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) -> list[Any]:
+    """One leaderboard record per variant: per-dataset metrics averaged over seeds."""
+    from leaderboards.schema import make_record
+
+    weights = _weights_sha256(cfg.model)
+    records = []
+    for name in ["start", *cfg.variants]:
+        results = [evals[(name, s)] for s in cfg.seeds]
+        per_seed = [r.record_metrics() for r in results]
+        metrics = {
+            ds: {m: float(np.mean([p[ds][m] for p in per_seed])) for m in per_seed[0][ds]}
+            for ds in per_seed[0]
+        }
+        info = results[0].run_info
+        config = {"compare": asdict(cfg), "variant": cfg.variants.get(name, {"algo": "none"})}
+        records.append(
+            make_record(
+                suite=cfg.suite,
+                metrics=metrics,
+                k=cfg.eval_k,
+                seeds=list(cfg.seeds),
+                algorithm=cfg.variants.get(name, {}).get("algo", "sft") if name != "start" else "sft",
+                workflow=cfg.workflow,
+                name=f"{name} ({Path(cfg.model).name})",
+                model_id=str(cfg.model) if weights is None else None,
+                weights_sha256=weights,
+                config=config,
+                dataset_sha256=info["dataset_sha256"],
+                version=info.get("package_version"),
+                commit=info.get("git_commit"),
+            )
+        )
+    return records
+
+
+def _write_records(out: Path, records: Sequence[Any]) -> dict[str, Path]:
+    from leaderboards.render import write_leaderboard
+    from leaderboards.schema import canonical_json
+
+    payload = "[\n" + ",\n".join(canonical_json(r.model_dump(mode="json")) for r in records) + "\n]\n"
+    paths = {"results": atomic_write_text(out / "results.json", payload)}
+    written = write_leaderboard(list(records), out)
+    paths.update({f"leaderboard_{k}": Path(v) for k, v in written.items()})
+    return paths
