@@ -43,6 +43,7 @@ class SFTConfig:
     warmup: int = 25
     weight_decay: float = 0.0
     difficulties: tuple[int, ...] = (1, 2)
+    max_operand: int = 30
     tasks_per_difficulty: int = 1200
     workflows: tuple[str, ...] = ("proposers-aggregator", "solver-verifier", "routed")
     p_correct: float = 0.6
@@ -75,11 +76,12 @@ def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list
                 workflow=workflow,
                 dataset="procedural",
                 difficulty=difficulty,
+                max_operand=cfg.max_operand,
                 dataset_size=cfg.tasks_per_difficulty,
             )
             team = ScriptedTeam.noisy_oracle(env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31))
-            for i in range(len(env.tasks) // len(cfg.workflows)):
-                obs, infos = env.reset(seed=rng.randint(0, 2**31), options={"task_index": i})
+            for i in range(cfg.tasks_per_difficulty // len(cfg.workflows)):
+                obs, infos = env.reset(seed=rng.randint(0, 2**31), options={"task_index": i % len(env.tasks)})
                 while env.agents:
                     actions = team.act(obs, infos)
                     for agent, text in actions.items():
@@ -152,13 +154,19 @@ def procedural_accuracy(
     temperature: float = 1.0,
     max_new_tokens: int = 48,
     seed: int = 1234,
+    max_operand: int = 30,
 ) -> float:
     """Team accuracy on ``n`` procedural *test* problems (one sample each)."""
     from srpo_envs.math_verify import MathVerifyEnv
 
     collector = RolloutCollector(
         lambda: MathVerifyEnv(
-            workflow=workflow, dataset="procedural", split="test", difficulty=difficulty, dataset_size=n
+            workflow=workflow,
+            dataset="procedural",
+            split="test",
+            difficulty=difficulty,
+            max_operand=max_operand,
+            dataset_size=n,
         ),
         PolicyMap.shared(policy),
         SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
@@ -184,7 +192,13 @@ def run_sft(
     losses = train_sft(policy, examples, cfg, log=log)
     accuracy = {
         f"{wf}/d{d}": procedural_accuracy(
-            policy, wf, d, cfg.eval_problems, cfg.eval_temperature, cfg.max_new_tokens
+            policy,
+            wf,
+            d,
+            cfg.eval_problems,
+            cfg.eval_temperature,
+            cfg.max_new_tokens,
+            max_operand=cfg.max_operand,
         )
         for wf in ("proposers-aggregator",)
         for d in cfg.difficulties

@@ -50,12 +50,14 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-Size = Literal["tiny", "small", "base"]
+Size = Literal["tiny", "mini", "small", "base"]
 Arch = Literal["llama", "qwen2"]
 
-#: Architecture per size (tied embeddings; with the default ~3.5k vocabulary: 0.85M, 4.8M, 30M parameters).
+#: Architecture per size (tied embeddings; with the default ~3.5k vocabulary: 0.85M, 2.4M, 4.8M, 30M parameters).
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2),
+    "mini": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2),
     "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2),

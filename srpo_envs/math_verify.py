@@ -46,6 +46,7 @@ class MathVerifyEnv(EventParallelEnv):
         split: str | None = None,
         dataset_size: int | None = None,
         difficulty: int | Sequence[int] = 2,
+        max_operand: int = 30,
         n_proposers: int = 3,
         max_rounds: int = 2,
         default_route: int = 1,
@@ -68,7 +69,15 @@ class MathVerifyEnv(EventParallelEnv):
         elif dataset.startswith("procedural"):
             levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
             per_level = [
-                load_math(dataset, split=split or "train", limit=dataset_size or 512, difficulty=d) for d in levels
+                load_math(
+                    dataset,
+                    split=split or "train",
+                    limit=dataset_size or 512,
+                    difficulty=d,
+                    max_operand=max_operand,
+                    strict=False,  # dataset_size is an upper bound for small problem spaces
+                )
+                for d in levels
             ]
             # interleave levels so any prefix (and any random sample) mixes difficulties
             self.tasks = [t for group in zip(*per_level, strict=False) for t in group]
