@@ -37,13 +37,13 @@ from srpo_envs.grading import extract_answer, grade
 class SFTConfig:
     """Warm-start settings; defaults reach ~20-60% proposers-aggregator accuracy on CPU in minutes."""
 
-    steps: int = 500
-    batch_size: int = 32
+    steps: int = 1000
+    batch_size: int = 16
     lr: float = 2e-3
-    warmup: int = 25
+    warmup: int = 50
     weight_decay: float = 0.0
     difficulties: tuple[int, ...] = (1, 2)
-    max_operand: int = 30
+    max_operand: int = 9
     tasks_per_difficulty: int = 1200
     workflows: tuple[str, ...] = ("proposers-aggregator", "solver-verifier", "routed")
     p_correct: float = 0.6
@@ -51,6 +51,7 @@ class SFTConfig:
     eval_problems: int = 64
     eval_temperature: float = 1.0
     max_new_tokens: int = 48
+    save_dtype: str = "float32"  # "bfloat16" halves the checkpoint (what the repo ships)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -204,7 +205,10 @@ def run_sft(
         for d in cfg.difficulties
     }
     out = Path(out_dir)
-    policy.model.save_pretrained(out)
+    save_model = (
+        policy.model if cfg.save_dtype == "float32" else policy.model.to(getattr(torch, cfg.save_dtype))
+    )
+    save_model.save_pretrained(out)
     policy.tokenizer.save_pretrained(out)
     report = {
         "config": asdict(cfg),

@@ -153,7 +153,7 @@ def eval_cmd(
 
 
 #: Where ``srpo bench quick`` looks for a shipped warm-started tiny model before building one.
-BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "agents" / "checkpoints" / "tiny-sft"
+BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "agents" / "checkpoints" / "mini-sft"
 
 
 def _print_comparison(result: Any, title: str) -> None:
@@ -314,6 +314,6 @@ def _build_model(out: Path) -> Path:
     from agents.tiny import init_tiny
 
     base = out.parent / (out.name + "-init")
-    init_tiny(base, size="tiny", seed=0)
+    init_tiny(base, size="mini", seed=0)
     run_sft(base, out, SFTConfig(), log=typer.echo)
     return out

@@ -56,7 +56,7 @@ class CompareConfig:
     suite: str = "quick-math"
     workflow: str = "proposers-aggregator"
     env_id: str = "ProcArith-v0"
-    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"difficulty": [1, 2]})
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"difficulty": [1, 2], "max_operand": 9})
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides shared by all variants
     eval_k: int = 2
     eval_limit: int | None = 32

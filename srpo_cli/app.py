@@ -73,15 +73,20 @@ def _wire() -> None:
 def sft_command(
     model: str = typer.Option(..., help="model directory to warm-start (e.g. from `srpo model init-tiny`)"),
     out: str = typer.Option(..., help="where to save the warm-started model"),
-    steps: int = 1200,
-    lr: float = 3e-3,
-    batch_size: int = 32,
+    steps: int = 1000,
+    lr: float = 2e-3,
+    batch_size: int = 16,
+    max_operand: int = 9,
     seed: int = 0,
+    save_dtype: str = typer.Option("float32", help="float32, or bfloat16 for a half-size checkpoint"),
 ) -> None:
     """Warm-start a model on procedural worked solutions for every role; prints held-out accuracy."""
     from agents.sft import SFTConfig, run_sft
 
-    run_sft(model, out, SFTConfig(steps=steps, lr=lr, batch_size=batch_size, seed=seed), log=typer.echo)
+    cfg = SFTConfig(
+        steps=steps, lr=lr, batch_size=batch_size, max_operand=max_operand, seed=seed, save_dtype=save_dtype
+    )
+    run_sft(model, out, cfg, log=typer.echo)
 
 
 _wire()

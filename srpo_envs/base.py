@@ -312,6 +312,20 @@ class EventParallelEnv(ParallelEnv, ABC):
         pass
 
     # ------------------------------------------------------------------ helpers
+    def _pick_task(self, tasks: list[Any], options: dict[str, Any]) -> Any:
+        """The episode's task: ``options["task"]``, ``["task_id"]``, ``["task_index"]`` (mod len), else
+        a uniform draw with the env's seeded ``np_random`` (so ``reset(seed=s)`` is reproducible)."""
+        if "task" in options:
+            return options["task"]
+        if "task_id" in options:
+            for task in tasks:
+                if task.id == options["task_id"]:
+                    return task
+            raise ValueError(f"task_id {options['task_id']!r} is not in this env's dataset")
+        if "task_index" in options:
+            return tasks[int(options["task_index"]) % len(tasks)]
+        return tasks[int(self.np_random.integers(len(tasks)))]
+
     def _safe_parse(self, agent: str, text: str) -> Parsed:
         """Parsing is user-extensible; a parser bug must flag the output, not crash the episode."""
         try:

@@ -101,15 +101,7 @@ class MultiTurnSearchEnv(EventParallelEnv):
 
     # ------------------------------------------------------------------ state machine
     def _reset_episode(self, options: dict[str, Any]) -> None:
-        if "task_id" in options:
-            matches = [t for t in self.tasks if t.id == options["task_id"]]
-            if not matches:
-                raise ValueError(f"task_id {options['task_id']!r} is not in this env's dataset")
-            self.task = matches[0]
-        elif "task_index" in options:
-            self.task = self.tasks[int(options["task_index"]) % len(self.tasks)]
-        else:
-            self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        self.task = self._pick_task(self.tasks, options)
         self.task_id = self.task.id
         self._reset_state()
 

@@ -84,7 +84,7 @@ def _run(policy: ArithPolicy, **kwargs) -> EvalResult:
 
 @pytest.fixture(scope="module")
 def full_result() -> EvalResult:
-    """The quick-math suite at its full size (64 problems per dataset), k=4."""
+    """The quick-math suite at its full size (all 51 one-digit difficulty-1 problems, 64 of difficulty 2), k=4."""
     return evaluate(
         PolicyMap.shared(ArithPolicy(p=0.5)),
         "quick-math",
@@ -99,10 +99,10 @@ def test_sample_counts_and_metrics_match_raw_samples(full_result: EvalResult) ->
     res = full_result
     s = res.samples
     assert list(res.table.index) == ["arith-d1", "arith-d2"]
-    for ds in res.table.index:
+    for ds, n in (("arith-d1", 51), ("arith-d2", 64)):
         sub = s[s["dataset"] == ds]
-        assert sub["problem_id"].nunique() == 64 == res.table.at[ds, "n_problems"]
-        assert len(sub) == 64 * 4
+        assert sub["problem_id"].nunique() == n == res.table.at[ds, "n_problems"]
+        assert len(sub) == n * 4
         assert sorted(sub.groupby("problem_id")["sample_idx"].apply(sorted).iloc[0]) == [0, 1, 2, 3]
         per_problem = sub.groupby("problem_id")["correct"]
         assert res.table.at[ds, "avg@k"] == pytest.approx(per_problem.mean().mean())
@@ -192,7 +192,7 @@ def test_run_info_and_record(tmp_path) -> None:
         3,
     )
     assert cfg["sampling"]["temperature"] == 1.0 and cfg["n_problems"] == {"arith-d1": 6, "arith-d2": 6}
-    assert cfg["datasets"][0]["env_kwargs"] == {"difficulty": 1}
+    assert cfg["datasets"][0]["env_kwargs"] == {"difficulty": 1, "max_operand": 9}
     assert set(info["seeds"]["collect_seeds"]) == {"arith-d1", "arith-d2"}
     assert info["policies"]["policy_versions"] == {"*": 1}
     assert info["package_version"] and info["git_commit"]

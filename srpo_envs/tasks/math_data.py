@@ -109,6 +109,7 @@ def load_math(
         if diff:
             procedural_kwargs.setdefault("difficulty", int(diff))
         procedural_kwargs.setdefault("n", limit or 512)
+        procedural_kwargs.setdefault("strict", False)  # like any dataset, ``limit`` is an upper bound
         tasks = make_arithmetic_tasks(split=split or "train", **procedural_kwargs)
     elif Path(source).expanduser().is_file():
         path = Path(source).expanduser()
