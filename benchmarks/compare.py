@@ -74,7 +74,7 @@ class ComparisonResult:
 
 
 def _macro_accuracy(result: EvalResult) -> float:
-    return float(result.macro[f"avg@{result.k}"])
+    return float(result.macro["avg@k"])
 
 
 def _weights_sha256(model_dir: str) -> str | None:
@@ -185,7 +185,7 @@ def _summary_table(
             "delta": "",
             **{
                 f"{d} avg@{k}": format_mean_std(
-                    *_ms([evals[("start", s)].table.loc[d, f"avg@{k}"] for s in cfg.seeds])
+                    *_ms([evals[("start", s)].table.loc[d, "avg@k"] for s in cfg.seeds])
                 )
                 for d in datasets
             },
@@ -201,7 +201,7 @@ def _summary_table(
                 "delta": format_mean_std(*_ms(sub["delta"])),
                 **{
                     f"{d} avg@{k}": format_mean_std(
-                        *_ms([evals[(name, s)].table.loc[d, f"avg@{k}"] for s in cfg.seeds])
+                        *_ms([evals[(name, s)].table.loc[d, "avg@k"] for s in cfg.seeds])
                     )
                     for d in datasets
                 },

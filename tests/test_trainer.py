@@ -159,3 +159,24 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_model_dir: Path, tmp
     wa = torch.load(full / "checkpoint.pt", weights_only=False)["models"]
     wb = torch.load(killed / "checkpoint.pt", weights_only=False)["models"]
     assert all(torch.equal(wa["model0"][k], wb["model0"][k]) for k in wa["model0"])
+
+
+@pytest.mark.slow
+def test_trainer_runs_on_the_search_env(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The same trainer drives the multi-turn retrieval env (searcher events K=2, aggregator K=1)."""
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        algo="srpo",
+        env_id="MultiTurnSearch-v0",
+        iterations=1,
+        env_kwargs={"max_turns": 1},
+        eval_env_kwargs={"split": "test", "dataset_size": 4},
+    )
+    trainer = Trainer(cfg, log=None)
+    batch = trainer.collector.collect([0, 1], group_size=2, seed=0)
+    assert {r.event_type for r in batch.rows} == {"search", "aggregate"}
+    assert {r.expected_k for r in batch.rows if r.event_type == "search"} == {2}
+    _reward_first_sample(batch)
+    stats = trainer._update(batch, iteration=1)
+    assert stats["max_k"] == 2.0 and torch.isfinite(torch.tensor(stats["loss"]))
