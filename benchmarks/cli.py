@@ -187,12 +187,7 @@ def _run_compare(
         variants=variants,
         seeds=tuple(seeds),
         suite=suite,
-        train={
-            "iterations": iterations,
-            "tasks_per_iter": tasks_per_iter,
-            "group_size": group_size,
-            "lr": lr,
-        },
+        train=train,
         eval_k=eval_k,
         eval_limit=eval_limit,
     )
