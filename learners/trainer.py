@@ -191,13 +191,12 @@ class Trainer:
             HFPolicy(cfg.model), self.roles, lora_config=default_lora_config(r=cfg.lora_rank)
         )
 
-    def _trainable_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        states: dict[str, dict[str, torch.Tensor]] = {}
-        for i, pol in enumerate(self.policies.policies):
-            key = f"model{i}"
-            if key not in states:
-                states[key] = {k: v.detach().clone() for k, v in pol.model.state_dict().items()}
-        return states
+    def _model_states(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Weights of every distinct policy (``model<i>`` in ``PolicyMap.policies`` order)."""
+        return {
+            f"model{i}": {k: v.detach().clone() for k, v in pol.model.state_dict().items()}
+            for i, pol in enumerate(self.policies.policies)
+        }
 
     # ------------------------------------------------------------------ advantages
     def _advantages(self, batch: RolloutBatch) -> tuple[dict[str, float], dict[int, float], dict[str, Any]]:
@@ -467,7 +466,7 @@ class Trainer:
         state = {
             "iteration": self.iteration,
             "config": asdict(self.cfg),
-            "models": self._trainable_state(),
+            "models": self._model_states(),
             "policy_versions": [p.policy_version for p in self.policies.policies],
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -493,9 +492,8 @@ class Trainer:
         if asdict(saved) != asdict(self.cfg):
             diff = {k for k in asdict(saved) if asdict(saved)[k] != asdict(self.cfg)[k]}
             raise ValueError(f"checkpoint was written with a different config (differs in {sorted(diff)})")
-        for (key, tensors), pol in zip(state["models"].items(), self.policies.policies, strict=True):
+        for tensors, pol in zip(state["models"].values(), self.policies.policies, strict=True):
             pol.model.load_state_dict(tensors)
-            del key
         for pol, version in zip(self.policies.policies, state["policy_versions"], strict=True):
             pol.policy_version = version
         self.optimizer.load_state_dict(state["optimizer"])
