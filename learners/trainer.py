@@ -129,6 +129,7 @@ class Trainer:
 
         self.cfg = cfg
         self.log = log or (lambda s: None)
+        self._quiet = log is None
         self.out = Path(cfg.out_dir)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -191,11 +192,18 @@ class Trainer:
             HFPolicy(cfg.model), self.roles, lora_config=default_lora_config(r=cfg.lora_rank)
         )
 
+    def _distinct_models(self) -> list[HFPolicy]:
+        """One policy per distinct model object (LoRA views of one base count once)."""
+        seen: dict[int, HFPolicy] = {}
+        for pol in self.policies.policies:
+            seen.setdefault(id(pol.model), pol)
+        return list(seen.values())
+
     def _model_states(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Weights of every distinct policy (``model<i>`` in ``PolicyMap.policies`` order)."""
+        """Weights of every distinct model (``model<i>`` in :meth:`_distinct_models` order)."""
         return {
             f"model{i}": {k: v.detach().clone() for k, v in pol.model.state_dict().items()}
-            for i, pol in enumerate(self.policies.policies)
+            for i, pol in enumerate(self._distinct_models())
         }
 
     # ------------------------------------------------------------------ advantages
@@ -386,7 +394,7 @@ class Trainer:
                 total=cfg.iterations,
                 initial=self.iteration,
                 desc=f"{cfg.algo} train",
-                disable=self.log is None,
+                disable=self._quiet,
             )
         except ImportError:  # pragma: no cover - tqdm is a core dependency
             bar = None
@@ -492,7 +500,7 @@ class Trainer:
         if asdict(saved) != asdict(self.cfg):
             diff = {k for k in asdict(saved) if asdict(saved)[k] != asdict(self.cfg)[k]}
             raise ValueError(f"checkpoint was written with a different config (differs in {sorted(diff)})")
-        for tensors, pol in zip(state["models"].values(), self.policies.policies, strict=True):
+        for tensors, pol in zip(state["models"].values(), self._distinct_models(), strict=True):
             pol.model.load_state_dict(tensors)
         for pol, version in zip(self.policies.policies, state["policy_versions"], strict=True):
             pol.policy_version = version
@@ -513,7 +521,7 @@ class Trainer:
     def export(self, out: str | os.PathLike[str]) -> Path:
         """``save_pretrained`` of the trained policy (one folder per distinct model)."""
         out = Path(out)
-        models = self.policies.policies
+        models = self._distinct_models()
         for i, pol in enumerate(models):
             target = out if len(models) == 1 else out / f"model{i}"
             pol.model.save_pretrained(target)
