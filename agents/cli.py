@@ -18,7 +18,9 @@ def model() -> None:
 @app.command("init-tiny")
 def init_tiny_cmd(
     out: Annotated[Path, typer.Option("--out", help="Directory to write the model and tokenizer to.")],
-    size: Annotated[str, typer.Option(help="tiny (~0.85M params), mini (~2.4M), small (~5M) or base (~30M).")] = "tiny",
+    size: Annotated[
+        str, typer.Option(help="tiny (~0.85M params), mini (~2.4M), small (~5M) or base (~30M).")
+    ] = "mini",
     arch: Annotated[str, typer.Option(help="llama or qwen2.")] = "llama",
     seed: Annotated[int, typer.Option(help="Weight initialisation seed.")] = 0,
 ) -> None:

@@ -19,7 +19,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,10 @@ class SFTConfig:
     batch_size: int = 16
     lr: float = 2e-3
     warmup: int = 50
+    #: A second pass with a fresh optimizer, a lower learning rate and new teacher examples (seed + 1);
+    #: it took the mini model from 11% to 27% on difficulty 1 (see the shipped sft_report.json).
+    refine_steps: int = 600
+    refine_lr: float = 1e-3
     weight_decay: float = 0.0
     difficulties: tuple[int, ...] = (1, 2)
     max_operand: int = 9
@@ -183,6 +187,7 @@ def run_sft(
 ) -> dict[str, Any]:
     """Load ``model_dir``, warm-start it, save to ``out_dir`` with ``sft_report.json``; return the report."""
     cfg = cfg or SFTConfig()
+    log = log or (lambda s: None)
     torch.manual_seed(cfg.seed)
     start = time.time()
     policy = HFPolicy(str(model_dir))
@@ -191,6 +196,13 @@ def run_sft(
         f"sft: {len(examples)} examples from {len(cfg.workflows)} workflows x difficulties {cfg.difficulties}"
     )
     losses = train_sft(policy, examples, cfg, log=log)
+    if cfg.refine_steps > 0:
+        refine = replace(cfg, steps=cfg.refine_steps, lr=cfg.refine_lr, seed=cfg.seed + 1, refine_steps=0)
+        refine_examples = build_examples(policy.tokenizer, refine)
+        log(
+            f"sft refine: {cfg.refine_steps} steps at lr {cfg.refine_lr} on {len(refine_examples)} new examples"
+        )
+        losses += train_sft(policy, refine_examples, refine, log=log)
     accuracy = {
         f"{wf}/d{d}": procedural_accuracy(
             policy,

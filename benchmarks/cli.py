@@ -322,13 +322,11 @@ def quick_cmd(
 
 
 def _build_model(out: Path) -> Path:
-    """init-tiny + the two SFT stages of the shipped checkpoint (its sft_report.json); ~15 min on 2 cores."""
+    """init-tiny + sft with the shipped checkpoint's recipe (its sft_report.json); ~10 min on 2 cores."""
     from agents.sft import SFTConfig, run_sft
     from agents.tiny import init_tiny
 
     base = out.parent / (out.name + "-init")
-    stage1 = out.parent / (out.name + "-stage1")
     init_tiny(base, size="mini", seed=0)
-    run_sft(base, stage1, SFTConfig(), log=typer.echo)
-    run_sft(stage1, out, SFTConfig(steps=600, lr=1e-3, seed=1), log=typer.echo)
+    run_sft(base, out, SFTConfig(), log=typer.echo)
     return out

@@ -77,6 +77,8 @@ def sft_command(
     lr: float = 2e-3,
     batch_size: int = 16,
     max_operand: int = 9,
+    refine_steps: int = typer.Option(600, help="second pass at --refine-lr on new examples (0: none)"),
+    refine_lr: float = 1e-3,
     seed: int = 0,
     save_dtype: str = typer.Option("float32", help="float32, or bfloat16 for a half-size checkpoint"),
 ) -> None:
