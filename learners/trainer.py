@@ -74,6 +74,8 @@ class TrainConfig:
     group_size: int = 4
     epochs: int = 2
     rows_per_batch: int = 64
+    #: rows per forward pass inside a minibatch (length-bucketed; the loss still spans the minibatch)
+    forward_rows: int = 64
     lr: float = 3e-4
     warmup: int = 0
     weight_decay: float = 0.0
@@ -105,8 +107,11 @@ class TrainConfig:
             raise ValueError(f"norm must be one of {SRPO_NORMS}, got {self.norm!r}")
         if self.sharing not in SHARING:
             raise ValueError(f"sharing must be one of {SHARING}, got {self.sharing!r}")
-        if min(self.iterations, self.tasks_per_iter, self.group_size, self.epochs, self.rows_per_batch) < 1:
-            raise ValueError("iterations, tasks_per_iter, group_size, epochs and rows_per_batch must be >= 1")
+        sizes = (self.iterations, self.tasks_per_iter, self.group_size, self.epochs, self.rows_per_batch)
+        if min(*sizes, self.forward_rows) < 1:
+            raise ValueError(
+                "iterations, tasks_per_iter, group_size, epochs, rows_per_batch and forward_rows must be >= 1"
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -269,7 +274,14 @@ class Trainer:
         logprobs = torch.zeros((len(rows), batch_t))
         entropy = torch.zeros((len(rows), batch_t))
         ref = torch.zeros((len(rows), batch_t))
+        chunks: list[tuple[HFPolicy, list[int]]] = []
         for pol, idx in groups.values():
+            # Length-sorted chunks: proposer prompts are short, aggregator prompts hold every candidate;
+            # padding them to one width would multiply the forward cost (and memory) by the ratio.
+            idx = sorted(idx, key=lambda i: (len(rows[i].prompt_ids), len(rows[i].response_ids)))
+            step = max(1, self.cfg.forward_rows)
+            chunks.extend((pol, idx[j : j + step]) for j in range(0, len(idx), step))
+        for pol, idx in chunks:
             sub = collate([rows[i] for i in idx], pol.pad_id)
             t = sub.response_width
             with adapter_scope(pol.model, pol.adapter_name):

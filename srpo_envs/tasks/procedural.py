@@ -11,6 +11,7 @@ never share a problem whatever ``n`` or seed is asked for.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 
@@ -51,7 +52,17 @@ def make_arithmetic_tasks(
 
     With ``strict=False`` fewer than ``n`` are returned when the settings admit fewer distinct
     problems (e.g. one operation on one-digit numbers); otherwise that is an error.
+
+    Results are memoised per argument set: finding that a small space is exhausted takes tens of
+    thousands of draws, and rollout collectors build one env (hence one task list) per parallel episode.
     """
+    return list(_make_arithmetic_tasks(n, split, difficulty, max_operand, seed, strict))
+
+
+@functools.lru_cache(maxsize=64)
+def _make_arithmetic_tasks(
+    n: int, split: str, difficulty: int, max_operand: int, seed: int, strict: bool
+) -> tuple[MathTask, ...]:
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if difficulty < 1 or max_operand < 2 or n < 1:
@@ -84,7 +95,7 @@ def make_arithmetic_tasks(
                 meta={"solution": solution, "difficulty": difficulty, "split": split},
             )
         )
-    return tasks
+    return tuple(tasks)
 
 
 def tokenizer_corpus(n: int = 4000, seed: int = 0) -> list[str]:
