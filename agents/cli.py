@@ -23,18 +23,23 @@ def init_tiny_cmd(
     ] = "mini",
     arch: Annotated[str, typer.Option(help="llama or qwen2.")] = "llama",
     seed: Annotated[int, typer.Option(help="Weight initialisation seed.")] = 0,
+    corpus: Annotated[
+        str, typer.Option(help="Train the tokenizer on the texts of the math or the (KB) search envs.")
+    ] = "math",
 ) -> None:
     """Write a randomly initialised causal LM with a locally trained BPE tokenizer to OUT.
 
     The directory loads with AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT).
     """
-    from agents.tiny import SIZES, init_tiny
+    from agents.tiny import CORPORA, SIZES, init_tiny
 
     if size not in SIZES:
         raise typer.BadParameter(f"--size must be one of {', '.join(SIZES)}")
     if arch not in ("llama", "qwen2"):
         raise typer.BadParameter("--arch must be llama or qwen2")
-    info = init_tiny(out, size=size, arch=arch, seed=seed)  # type: ignore[arg-type]
+    if corpus not in CORPORA:
+        raise typer.BadParameter(f"--corpus must be one of {', '.join(CORPORA)}")
+    info = init_tiny(out, size=size, arch=arch, seed=seed, family=corpus)  # type: ignore[arg-type]
     typer.echo(f"wrote {info.path}: arch={info.arch} size={info.size} seed={info.seed}")
     typer.echo(f"parameters: {info.n_params:,}")
     typer.echo(f"vocab size: {info.vocab_size}")

@@ -117,6 +117,59 @@ class ScriptedTeam:
         return cls({"searcher": search, "aggregator": aggregate, "router": route_fn})
 
     @classmethod
+    def search_teacher(cls, env: Any, p_correct: float = 0.7, seed: int = 0) -> ScriptedTeam:
+        """A searcher/aggregator team that only uses what it has read: the teacher for search SFT.
+
+        Unlike :meth:`search_oracle` (which queries every gold title at once, bridge entities of
+        2-hop questions included), each action here is learnable from the observation alone:
+
+        * a searcher copies the aggregator's request (``Aggregator asks: X``) when there is one, else
+          queries the first gold title that appears in its observation and has not been retrieved
+          (the question's subject, then a bridge entity named in a retrieved passage); with
+          probability ``1 - p_correct`` it queries a wrong name instead (so aggregators also see
+          states without the evidence);
+        * the aggregator answers with the gold answer when it appears in the retrieved text; otherwise,
+          before the last turn, it asks for the next needed title seen in the text; on the last
+          turn it guesses a name from the text.
+
+        :func:`search_teacher_correct` tells which of its outputs are worth imitating.
+        """
+        from srpo_envs.qa_metrics import normalize_answer
+
+        rng = random.Random(seed)
+        base = env.unwrapped
+
+        def needed(obs: str) -> str | None:
+            retrieved = {base.passage_title(pid) for pid in base.retrieved_ids}
+            for title in base.gold_titles:
+                if title not in retrieved and title in obs:
+                    return title
+            return None
+
+        def wrong_name(obs: str) -> str:
+            names = [t for t in re.findall(r"^\(([^)]+)\)", obs, re.MULTILINE) if t not in base.gold_titles]
+            words = [w for w in re.findall(r"[A-Z][a-z]+", obs.split("Role:")[0]) if w not in ("Question",)]
+            return rng.choice(names or words or ["unknown"])
+
+        def search(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            asked = re.search(r"^Aggregator asks: (.+)$", obs, re.MULTILINE)
+            target = asked.group(1).strip() if asked else needed(obs) or base.gold_titles[0]
+            if rng.random() >= p_correct:
+                target = wrong_name(obs)
+            return f"<search>{target}</search>"
+
+        def aggregate(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            evidence = normalize_answer(obs.split("<information>", 1)[-1])
+            for gold in base.task.answers:
+                if normalize_answer(gold) and f" {normalize_answer(gold)} " in f" {evidence} ":
+                    return f"<answer>{gold}</answer>"
+            if "Answer now" not in obs:
+                return f"<search>{needed(obs) or base.gold_titles[0]}</search>"
+            return f"<answer>{wrong_name(obs)}</answer>"
+
+        return cls({"searcher": search, "aggregator": aggregate})
+
+    @classmethod
     def search_random(cls, env: Any, seed: int = 0) -> ScriptedTeam:
         """Searchers send random words from the question shuffled with noise; the aggregator guesses."""
         rng = random.Random(seed)
@@ -161,3 +214,19 @@ def _wrong_answer(answer: str, rng: random.Random) -> str:
         return str(int(answer) + rng.choice([-3, -2, -1, 1, 2, 3, 10]))
     except ValueError:
         return f"{answer} + {rng.randint(1, 9)}"
+
+
+def search_teacher_correct(env: Any, role: str, text: str) -> bool:
+    """Whether a :meth:`ScriptedTeam.search_teacher` output (about to be stepped) is worth imitating.
+
+    Searcher queries and aggregator search requests must name a gold passage's title; aggregator
+    answers must match a gold answer (SQuAD exact match).
+    """
+    from srpo_envs.qa_metrics import exact_match
+
+    base = env.unwrapped
+    answer = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    if answer is not None:
+        return role == "aggregator" and bool(exact_match(answer.group(1), list(base.task.answers)))
+    query = re.search(r"<search>(.*?)</search>", text, re.DOTALL)
+    return query is not None and query.group(1).strip() in base.gold_titles

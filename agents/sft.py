@@ -56,7 +56,20 @@ class SFTConfig:
     eval_temperature: float = 1.0
     max_new_tokens: int = 48
     save_dtype: str = "float32"  # "bfloat16" halves the checkpoint (what the repo ships)
+    #: "math": procedural arithmetic, every math workflow; "search": searchers + aggregator on the KB
+    #: search env (``MultiTurnSearch-v0``), taught by ``ScriptedTeam.search_teacher``.
+    family: str = "math"
+    #: search family: episodes of teacher play per pass (train questions, cycled)
+    search_episodes: int = 3000
+    kb_seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.family not in SFT_FAMILIES:
+            raise ValueError(f"family must be one of {SFT_FAMILIES}, got {self.family!r}")
+
+
+SFT_FAMILIES = ("math", "search")
 
 
 def _end_id(tokenizer: Any) -> int:
@@ -68,7 +81,9 @@ def _end_id(tokenizer: Any) -> int:
 
 
 def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list[int], str]]:
-    """(prompt ids, target ids, role) from scripted teacher play on the procedural train split."""
+    """(prompt ids, target ids, role) from scripted teacher play on the family's train split."""
+    if cfg.family == "search":
+        return build_search_examples(tokenizer, cfg)
     from srpo_envs.math_verify import MathVerifyEnv
 
     prompts = RolePrompts("math")
@@ -99,6 +114,41 @@ def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list
                         target = tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
                         examples.append((encode_request(tokenizer, request), target, role))
                     obs, _, _, _, infos = env.step(actions)
+    rng.shuffle(examples)
+    return examples
+
+
+def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list[int], str]]:
+    """Search-family examples: teacher play on the KB train questions, imitable outputs only.
+
+    The teacher's searchers sometimes query a wrong name, so its aggregator also meets states without
+    the evidence (and learns to ask for it); only outputs :func:`search_teacher_correct` accepts become
+    examples, so the model never imitates a wrong query or answer.
+    """
+    from agents.scripted import search_teacher_correct
+    from srpo_envs.search import MultiTurnSearchEnv
+
+    prompts = RolePrompts("search")
+    end = _end_id(tokenizer)
+    rng = random.Random(cfg.seed)
+    env = MultiTurnSearchEnv(dataset="kb", split="train", kb_seed=cfg.kb_seed)
+    team = ScriptedTeam.search_teacher(env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31))
+    order = list(range(len(env.tasks)))
+    examples: list[tuple[list[int], list[int], str]] = []
+    for i in range(cfg.search_episodes):
+        if i % len(order) == 0:
+            rng.shuffle(order)
+        obs, infos = env.reset(seed=rng.randint(0, 2**31), options={"task_index": order[i % len(order)]})
+        while env.agents:
+            actions = team.act(obs, infos)
+            for agent, text in actions.items():
+                role = infos[agent]["role"]
+                if not search_teacher_correct(env, role, text):
+                    continue
+                request = GenerationRequest(agent, role, prompts.messages(role, obs[agent]))
+                target = tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
+                examples.append((encode_request(tokenizer, request), target, role))
+            obs, _, _, _, infos = env.step(actions)
     rng.shuffle(examples)
     return examples
 
@@ -144,7 +194,7 @@ def train_sft(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(out.loss))
+        losses.append(float(out.loss.detach()))
         if log and (step % 50 == 0 or step == cfg.steps - 1):
             log(f"sft step {step:4d}/{cfg.steps} loss {sum(losses[-50:]) / len(losses[-50:]):.4f}")
     model.eval()
@@ -179,6 +229,49 @@ def procedural_accuracy(
     return collector.collect(list(range(n)), group_size=1, seed=seed).accuracy
 
 
+def kb_accuracy(
+    policy: HFPolicy,
+    n: int = 64,
+    temperature: float = 1.0,
+    max_new_tokens: int = 48,
+    seed: int = 1234,
+    kb_seed: int = 0,
+) -> float:
+    """Team exact match on ``n`` KB *test* questions (``MultiTurnSearch-v0``, one sample each)."""
+    from srpo_envs.search import MultiTurnSearchEnv
+
+    collector = RolloutCollector(
+        lambda: MultiTurnSearchEnv(dataset="kb", split="test", kb_seed=kb_seed),
+        PolicyMap.shared(policy),
+        SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+    )
+    n = min(n, len(collector._env_pool(1)[0].tasks))
+    return collector.collect(list(range(n)), group_size=1, seed=seed).accuracy
+
+
+def warm_start_accuracy(policy: HFPolicy, cfg: SFTConfig) -> dict[str, float]:
+    """Held-out team accuracy of a warm-started policy, per workflow/difficulty (math) or on the KB."""
+    if cfg.family == "search":
+        return {
+            "parallel/kb": kb_accuracy(
+                policy, cfg.eval_problems, cfg.eval_temperature, cfg.max_new_tokens, kb_seed=cfg.kb_seed
+            )
+        }
+    return {
+        f"{wf}/d{d}": procedural_accuracy(
+            policy,
+            wf,
+            d,
+            cfg.eval_problems,
+            cfg.eval_temperature,
+            cfg.max_new_tokens,
+            max_operand=cfg.max_operand,
+        )
+        for wf in ("proposers-aggregator",)
+        for d in cfg.difficulties
+    }
+
+
 def run_sft(
     model_dir: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -192,9 +285,12 @@ def run_sft(
     start = time.time()
     policy = HFPolicy(str(model_dir))
     examples = build_examples(policy.tokenizer, cfg)
-    log(
-        f"sft: {len(examples)} examples from {len(cfg.workflows)} workflows x difficulties {cfg.difficulties}"
+    source = (
+        f"{cfg.search_episodes} KB search episodes"
+        if cfg.family == "search"
+        else f"{len(cfg.workflows)} workflows x difficulties {cfg.difficulties}"
     )
+    log(f"sft: {len(examples)} {cfg.family} examples from {source}")
     losses = train_sft(policy, examples, cfg, log=log)
     if cfg.refine_steps > 0:
         refine = replace(cfg, steps=cfg.refine_steps, lr=cfg.refine_lr, seed=cfg.seed + 1, refine_steps=0)
@@ -203,19 +299,7 @@ def run_sft(
             f"sft refine: {cfg.refine_steps} steps at lr {cfg.refine_lr} on {len(refine_examples)} new examples"
         )
         losses += train_sft(policy, refine_examples, refine, log=log)
-    accuracy = {
-        f"{wf}/d{d}": procedural_accuracy(
-            policy,
-            wf,
-            d,
-            cfg.eval_problems,
-            cfg.eval_temperature,
-            cfg.max_new_tokens,
-            max_operand=cfg.max_operand,
-        )
-        for wf in ("proposers-aggregator",)
-        for d in cfg.difficulties
-    }
+    accuracy = warm_start_accuracy(policy, cfg)
     out = Path(out_dir)
     save_model = (
         policy.model if cfg.save_dtype == "float32" else policy.model.to(getattr(torch, cfg.save_dtype))
@@ -234,5 +318,5 @@ def run_sft(
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     os.replace(tmp, out / "sft_report.json")
     for name, acc in accuracy.items():
-        log(f"warm-started accuracy {name} (procedural test split, T={cfg.eval_temperature}): {acc:.1%}")
+        log(f"warm-started accuracy {name} ({cfg.family} test split, T={cfg.eval_temperature}): {acc:.1%}")
     return report

@@ -83,14 +83,24 @@ class TinyModelInfo:
 # ----------------------------------------------------------------------------------------------- corpus
 
 
-def default_corpus(n: int = 4000, seed: int = 0) -> list[str]:
-    """Tokenizer training text: the math env's own texts plus :func:`fallback_corpus`.
+#: Env families a tiny tokenizer can be trained for: the math envs' texts or the KB search env's.
+CORPORA = ("math", "search")
+
+
+def default_corpus(n: int = 4000, seed: int = 0, family: str = "math") -> list[str]:
+    """Tokenizer training text: the ``family`` env's own texts plus :func:`fallback_corpus`.
 
     ``srpo_envs.tasks.procedural.tokenizer_corpus`` gives the exact words the envs produce, but it is
     repetitive (a BPE vocabulary of only a few hundred tokens); the procedural general text (LaTeX,
     chat turns, made-up words, unicode) fills the vocabulary to ~3.5k so the tokenizer also handles text
     the envs do not produce. Without the env module (older trees) the fallback alone is used.
     """
+    if family not in CORPORA:
+        raise ValueError(f"family must be one of {CORPORA}, got {family!r}")
+    if family == "search":
+        from srpo_envs.tasks.knowledge_base import tokenizer_corpus as search_corpus
+
+        return list(search_corpus(n, seed)) + fallback_corpus(n, seed)
     try:
         from srpo_envs.tasks.procedural import tokenizer_corpus
     except ImportError:
@@ -289,12 +299,13 @@ def init_tiny(
     seed: int = 0,
     corpus: Sequence[str] | None = None,
     vocab_size: int = 4096,
+    family: str = "math",
 ) -> TinyModelInfo:
     """Write a randomly initialised causal LM and a locally trained tokenizer to ``out_dir``.
 
     Deterministic for ``(size, arch, seed, corpus, vocab_size)``: the same weights and the same
     ``tokenizer.json`` (their sha256 are in the returned info and ``srpo_tiny.json``). ``corpus=None``
-    trains on :func:`default_corpus` (the same text for every seed). Files are written to a temporary directory
+    trains on :func:`default_corpus` of ``family`` (the same text for every seed). Files are written to a temporary directory
     beside ``out_dir`` and moved in with ``os.replace``, so a reader never sees a half-written file.
     """
     import torch
@@ -306,7 +317,7 @@ def init_tiny(
     out = Path(out_dir)
     # The default corpus does not depend on ``seed``: models of different seeds share one tokenizer, so
     # their rollouts and checkpoints are interchangeable at the token level.
-    texts = list(corpus) if corpus is not None else default_corpus(seed=0)
+    texts = list(corpus) if corpus is not None else default_corpus(seed=0, family=family)
     if not texts:
         raise ValueError("corpus is empty")
     tok = train_tokenizer(texts, vocab_size=vocab_size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -152,8 +153,39 @@ def eval_cmd(
         typer.echo(f"wrote {path} ({record.short_hash})")
 
 
-#: Where ``srpo bench quick`` looks for a shipped warm-started tiny model before building one.
-BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "agents" / "checkpoints" / "mini-sft"
+_CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
+#: Where ``srpo bench quick`` looks for shipped warm-started tiny models before building them.
+BUNDLED_MODEL = _CHECKPOINTS / "mini-sft"
+BUNDLED_SEARCH_MODEL = _CHECKPOINTS / "mini-search-sft"
+
+
+@dataclass(frozen=True)
+class TrainingEnv:
+    """Where a CPU-scale suite's RL runs train: the env, its workflow and train-split kwargs."""
+
+    env_id: str
+    workflow: str
+    env_kwargs: dict[str, Any]
+    bundled_model: Path  # the shipped warm start for this env family
+    family: str  # ``srpo model sft --family`` that rebuilds it
+
+
+#: Suites ``bench compare``/``ablation``/``quick`` can train on (evaluation is on the suite's test split).
+TRAINING_ENVS: dict[str, TrainingEnv] = {
+    "quick-math": TrainingEnv(
+        "ProcArith-v0", "proposers-aggregator", {"difficulty": [1, 2], "max_operand": 9}, BUNDLED_MODEL, "math"
+    ),
+    "quick-search": TrainingEnv("MultiTurnSearch-v0", "parallel", {}, BUNDLED_SEARCH_MODEL, "search"),
+}
+
+
+def _training_env(suite: str) -> TrainingEnv:
+    if suite not in TRAINING_ENVS:
+        raise typer.BadParameter(
+            f"no training env for suite {suite!r}; trainable suites: {', '.join(TRAINING_ENVS)}",
+            param_hint="--suite",
+        )
+    return TRAINING_ENVS[suite]
 
 
 def _print_comparison(result: Any, title: str) -> None:
@@ -181,12 +213,16 @@ def _run_compare(
 ) -> Any:
     from benchmarks.compare import CompareConfig, run_comparison
 
+    env = _training_env(suite)
     cfg = CompareConfig(
         model=str(model),
         out_dir=str(out),
         variants=variants,
         seeds=tuple(seeds),
         suite=suite,
+        workflow=env.workflow,
+        env_id=env.env_id,
+        env_kwargs=dict(env.env_kwargs),
         train=train,
         eval_k=eval_k,
         eval_limit=eval_limit,
@@ -206,6 +242,13 @@ QUICK_TRAIN: dict[str, Any] = {
     "epochs": 1,
     "rows_per_batch": 256,
     "lr": 3e-5,
+}
+
+
+#: Per-suite RL settings and eval k of ``bench quick`` (sized so the whole job fits in ~10 min on 2 cores).
+QUICK_SETTINGS: dict[str, dict[str, Any]] = {
+    "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2},
+    "quick-search": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2},
 }
 
 
@@ -289,44 +332,85 @@ def ablation_cmd(
 def quick_cmd(
     out: Path = typer.Option(Path("runs/quick"), help="output directory"),
     model: Path | None = typer.Option(
-        None, help="warm-started model (default: the bundled mini-sft, else built)"
+        None, help="math warm start (default: the bundled mini-sft, else built from scratch)"
     ),
+    search_model: Path | None = typer.Option(
+        None, help="search warm start (default: the bundled mini-search-sft, else built from scratch)"
+    ),
+    suites: str = typer.Option("quick-math,quick-search", help="comma-separated CPU-scale suites"),
     seeds: str = "0,1",
-    iterations: int = 10,
+    iterations: int | None = typer.Option(None, help="RL iterations per run (default: per suite)"),
     eval_limit: int = 32,
 ) -> None:
-    """The main job: warm-started tiny model -> SRPO, GRPO, MAPPO on quick-math -> tables, records, page."""
+    """The main job: warm-started tiny models -> SRPO, GRPO, MAPPO per suite -> tables, records, page."""
     import time
 
     from benchmarks.compare import ALGORITHMS
 
     start = time.perf_counter()
-    if model is None:
-        model = BUNDLED_MODEL if (BUNDLED_MODEL / "config.json").exists() else _build_model(out / "model")
-    typer.echo(f"model: {model}")
-    train = _train_overrides(
-        iterations, QUICK_TRAIN["tasks_per_iter"], QUICK_TRAIN["group_size"], QUICK_TRAIN["lr"]
-    )
-    _run_compare(
-        model,
-        out,
-        dict(ALGORITHMS),
-        _seeds(seeds),
-        "quick-math",
-        train,
-        2,
-        eval_limit,
-        "quick-math: held-out Avg@2 before -> after RL (mean ± std over seeds)",
-    )
+    names = [x.strip() for x in suites.split(",") if x.strip()]
+    for name in names:
+        _training_env(name)
+    results: dict[str, Any] = {}
+    for name in names:
+        env = TRAINING_ENVS[name]
+        given = model if env.family == "math" else search_model
+        warm = given or (
+            env.bundled_model
+            if (env.bundled_model / "config.json").exists()
+            else _build_model(out / f"model-{env.family}", env.family)
+        )
+        typer.echo(f"{name}: warm start {warm}")
+        settings = QUICK_SETTINGS[name]
+        train = {**settings["train"], "iterations": iterations or settings["train"]["iterations"]}
+        results[name] = _run_compare(
+            warm,
+            out / name,
+            dict(ALGORITHMS),
+            _seeds(seeds),
+            name,
+            train,
+            settings["eval_k"],
+            eval_limit,
+            f"{name}: held-out Avg@{settings['eval_k']} before -> after RL (mean ± std over seeds)",
+        )
+    for name, path in sorted(_merge_quick_outputs(out, results).items()):
+        typer.echo(f"wrote {name}: {path}")
     typer.echo(f"bench quick finished in {time.perf_counter() - start:.0f}s")
 
 
-def _build_model(out: Path) -> Path:
-    """init-tiny + sft with the shipped checkpoint's recipe (its sft_report.json); ~10 min on 2 cores."""
+def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
+    """Top-level files of ``bench quick``: every suite's records, one leaderboard, one curves figure."""
+    import pandas as pd
+
+    from benchmarks.compare import _write_records
+    from benchmarks.report import atomic_write_text, plot_learning_curves, to_markdown
+
+    records = [r for res in results.values() for r in res.records]
+    paths = _write_records(out, records)
+    md = "".join(f"## {name}\n\n{to_markdown(res.table)}\n\n" for name, res in results.items())
+    paths["comparison_md"] = atomic_write_text(out / "comparison.md", md)
+    curves = [res.curves.assign(variant=f"{name}/" + res.curves["variant"]) for name, res in results.items()]
+    curves = [c for c in curves if not c.empty]
+    if curves:
+        paths["curves"] = plot_learning_curves(
+            pd.concat(curves, ignore_index=True),
+            out / "curves.png",
+            metric="train_accuracy",
+            x="iteration",
+            hue="variant",
+            title="Training-rollout accuracy per suite/algorithm (mean ± std over seeds)",
+            ylabel="team accuracy on training rollouts",
+        )
+    return paths
+
+
+def _build_model(out: Path, family: str = "math") -> Path:
+    """init-tiny + sft with the shipped checkpoint's recipe (its sft_report.json); 10-30 min on 2 cores."""
     from agents.sft import SFTConfig, run_sft
     from agents.tiny import init_tiny
 
     base = out.parent / (out.name + "-init")
-    init_tiny(base, size="mini", seed=0)
-    run_sft(base, out, SFTConfig(), log=typer.echo)
+    init_tiny(base, size="mini", seed=0, family=family)
+    run_sft(base, out, SFTConfig(family=family, save_dtype="bfloat16"), log=typer.echo)
     return out

@@ -380,7 +380,7 @@ class Trainer:
         vloss.backward()
         torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm)
         self.critic_optimizer.step()
-        return {"value_loss": float(vloss), **{f"v_{k}": v for k, v in vstats.items()}}
+        return {"value_loss": float(vloss.detach()), **{f"v_{k}": v for k, v in vstats.items()}}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, n: int | None = None, k: int | None = None, seed: int = 10_007) -> float:

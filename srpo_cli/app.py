@@ -81,12 +81,25 @@ def sft_command(
     refine_lr: float = 1e-3,
     seed: int = 0,
     save_dtype: str = typer.Option("float32", help="float32, or bfloat16 for a half-size checkpoint"),
+    family: str = typer.Option(
+        "math", help="math (procedural arithmetic, every math role) or search (KB searchers + aggregator)"
+    ),
 ) -> None:
-    """Warm-start a model on procedural worked solutions for every role; prints held-out accuracy."""
-    from agents.sft import SFTConfig, run_sft
+    """Warm-start a model on teacher demonstrations for every role; prints held-out accuracy."""
+    from agents.sft import SFT_FAMILIES, SFTConfig, run_sft
 
+    if family not in SFT_FAMILIES:
+        raise typer.BadParameter(f"--family must be one of {', '.join(SFT_FAMILIES)}")
     cfg = SFTConfig(
-        steps=steps, lr=lr, batch_size=batch_size, max_operand=max_operand, seed=seed, save_dtype=save_dtype
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        max_operand=max_operand,
+        refine_steps=refine_steps,
+        refine_lr=refine_lr,
+        seed=seed,
+        save_dtype=save_dtype,
+        family=family,
     )
     run_sft(model, out, cfg, log=typer.echo)
 

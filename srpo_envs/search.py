@@ -251,6 +251,21 @@ class MultiTurnSearchEnv(EventParallelEnv):
         return "\n".join(lines)
 
     @property
+    def retrieved_ids(self) -> list[str]:
+        """Ids of every passage retrieved so far in the episode, in retrieval order, without repeats."""
+        return list(dict.fromkeys(p.id for e in self._evidence for p in e["passages"]))
+
+    @property
+    def gold_titles(self) -> list[str]:
+        """Titles of the current task's gold passages (subject first for 2-hop KB questions)."""
+        meta = self.task.meta or {}
+        titles = list(meta.get("gold_titles") or meta.get("supporting_titles") or [])
+        if titles:
+            return titles
+        found = (self.passage_title(pid) for pid in meta.get("gold_passage_ids") or [])
+        return [t for t in found if t]
+
+    @property
     def answer(self) -> str:
         """The first gold answer (what an oracle agent knows)."""
         return self.task.answers[0]
@@ -309,11 +324,7 @@ def _make_retriever(retriever: Retriever | str, corpus: Any, url: str | None) ->
 
 def oracle_query(env: MultiTurnSearchEnv, searcher_index: int) -> str:
     """The query an oracle searcher sends: the title of a gold passage (or the question)."""
-    meta = env.task.meta or {}
-    titles = list(meta.get("gold_titles") or meta.get("supporting_titles") or [])
-    if not titles:
-        found = (env.passage_title(pid) for pid in meta.get("gold_passage_ids") or [])
-        titles = [t for t in found if t]
+    titles = env.gold_titles
     if titles:
         return titles[searcher_index % len(titles)]
     return env.task.question

@@ -36,3 +36,40 @@ def test_comparison_writes_tables_curves_records(tiny_model_dir: Path, tmp_path:
         validate_record(rec)
         assert rec["seeds"] == [0, 1] and rec["suite"] == "quick-math"
     assert "srpo-k1" in (tmp_path / "leaderboard.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_quick_runs_every_suite_and_merges_outputs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`srpo bench quick` wiring: math and search suites, each from its own warm start, one leaderboard."""
+    from typer.testing import CliRunner
+
+    from agents.tiny import init_tiny
+    from benchmarks.cli import QUICK_SETTINGS, app
+    from srpo_envs.tasks.knowledge_base import tokenizer_corpus
+
+    search_model = tmp_path / "search-model"
+    init_tiny(search_model, size="tiny", seed=0, corpus=tokenizer_corpus(300), vocab_size=1024)
+    out = tmp_path / "quick"
+    small = {"tasks_per_iter": 2, "group_size": 2}
+    saved = {name: dict(s["train"]) for name, s in QUICK_SETTINGS.items()}
+    try:
+        for s in QUICK_SETTINGS.values():
+            s["train"].update(small)
+        args = ["quick", "--out", str(out), "--model", str(tiny_model_dir), "--search-model", str(search_model)]
+        result = CliRunner().invoke(app, [*args, "--seeds", "0", "--iterations", "1", "--eval-limit", "2"])
+    finally:
+        for name, train in saved.items():
+            QUICK_SETTINGS[name]["train"] = train
+    assert result.exit_code == 0, result.output
+    records = json.loads((out / "results.json").read_text())
+    assert sorted({r["suite"] for r in records}) == ["quick-math", "quick-search"]
+    assert len(records) == 8  # start + 3 algorithms, per suite
+    for rec in records:
+        validate_record(rec)
+    html = (out / "leaderboard.html").read_text()
+    assert "quick-math" in html and "quick-search" in html
+    md = (out / "comparison.md").read_text()
+    assert "## quick-math" in md and "## quick-search" in md
+    assert (out / "curves.png").stat().st_size > 0
+    search_run = json.loads((out / "quick-search" / "compare_config.json").read_text())
+    assert search_run["env_id"] == "MultiTurnSearch-v0" and search_run["workflow"] == "parallel"

@@ -49,3 +49,51 @@ def test_run_sft_trains_saves_and_reports(tiny_model_dir: Path, tmp_path: Path) 
     assert all(0.0 <= v <= 1.0 for v in report["accuracy"].values())
     after = HFPolicy(tmp_path / "out").model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_search_teacher_is_accurate_and_its_filter_keeps_only_imitable_outputs() -> None:
+    """The reading teacher answers most KB questions; the filter drops every wrong query/answer."""
+    import srpo_envs
+    from agents.scripted import ScriptedTeam, search_teacher_correct
+
+    env = srpo_envs.make("MultiTurnSearch-v0", split="train", dataset_size=60)
+    team = ScriptedTeam.search_teacher(env, p_correct=0.7, seed=0)
+    kept = dropped = correct = 0
+    for i in range(60):
+        obs, infos = env.reset(seed=i, options={"task_index": i})
+        while env.agents:
+            actions = team.act(obs, infos)
+            for agent, text in actions.items():
+                ok = search_teacher_correct(env, infos[agent]["role"], text)
+                kept, dropped = kept + ok, dropped + (not ok)
+                if ok and "<search>" in text:
+                    assert text[len("<search>") : -len("</search>")] in env.unwrapped.gold_titles
+            obs, _, _, _, infos = env.step(actions)
+        correct += env.unwrapped.events[-1].reward > 0
+    assert correct >= 50  # wrong queries only cost a turn; the teacher still answers ~95%
+    assert kept > 0 and dropped > 0  # p_correct < 1: some queries are wrong, and they are filtered
+
+
+def test_search_family_examples_and_sft(tmp_path: Path) -> None:
+    """Search-family SFT: searcher and aggregator examples from KB play, then a saved model + report."""
+    from agents.tiny import init_tiny
+    from srpo_envs.tasks.knowledge_base import tokenizer_corpus
+
+    base = tmp_path / "base"
+    init_tiny(base, size="tiny", seed=0, corpus=tokenizer_corpus(300), vocab_size=1024)
+    cfg = _small_cfg(family="search", search_episodes=20, refine_steps=0)
+    policy = HFPolicy(base)
+    examples = build_examples(policy.tokenizer, cfg)
+    assert {role for _, _, role in examples} == {"searcher", "aggregator"}
+    for _, target, role in examples:
+        text = policy.tokenizer.decode(target[:-1])
+        assert ("<search>" in text) if role == "searcher" else ("<answer>" in text or "<search>" in text)
+    report = run_sft(base, tmp_path / "out", cfg, log=None)
+    assert set(report["accuracy"]) == {"parallel/kb"} and 0.0 <= report["accuracy"]["parallel/kb"] <= 1.0
+
+
+def test_sft_rejects_unknown_family() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="family"):
+        SFTConfig(family="chess")
