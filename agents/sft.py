@@ -1,11 +1,13 @@
-"""Warm-start a (tiny) model on procedural worked solutions for every role.
+"""Warm-start a (tiny) model on teacher demonstrations for every role of an env family.
 
 RL on a randomly initialised model never sees a reward. ``sft`` teaches the output *formats* and a
-first competence: examples come from playing every math workflow with a scripted teacher team
-(proposers right with probability ``p_correct``; a majority-vote aggregator; a truthful verifier; a
-random router) on the procedural *train* split. Proposer/solver examples are kept only where the
-teacher was right, so the model never imitates wrong arithmetic, while the aggregator and verifier
-see realistic disagreeing candidates. The loss covers response tokens only.
+first competence. Family ``math``: examples come from playing every math workflow with a scripted
+teacher team (proposers right with probability ``p_correct``; a majority-vote aggregator; a truthful
+verifier; a random router) on the procedural *train* split. Proposer/solver examples are kept only
+where the teacher was right, so the model never imitates wrong arithmetic, while the aggregator and
+verifier see realistic disagreeing candidates. Family ``search``: searchers and aggregator of the
+KB search env, taught by ``ScriptedTeam.search_teacher`` (which reads before it queries), again
+keeping only outputs worth imitating. The loss covers response tokens only.
 
 The result should solve a measurable fraction of held-out problems but far from all, leaving RL
 room to improve; ``sft`` prints and saves that accuracy (``sft_report.json``).
@@ -314,9 +316,38 @@ def run_sft(
         "seconds": round(time.time() - start, 1),
         "base_model": str(model_dir),
     }
+    base_report = Path(model_dir) / "sft_report.json"
+    if base_report.is_file():  # a chain of passes: keep the whole recipe with the weights
+        report["base_report"] = json.loads(base_report.read_text())
     tmp = out / "sft_report.json.tmp"
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     os.replace(tmp, out / "sft_report.json")
     for name, acc in accuracy.items():
         log(f"warm-started accuracy {name} ({cfg.family} test split, T={cfg.eval_temperature}): {acc:.1%}")
+    return report
+
+
+#: The shipped warm starts' recipes: SFT passes run one after another, each saved in bfloat16 and
+#: reloaded, exactly as a chain of ``srpo model sft`` commands does. The math model's third pass
+#: (2,000 more steps on fresh seed-2 examples) took held-out difficulty-1 accuracy from 27% to 62%.
+RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
+    "math": ({}, {"steps": 2000, "lr": 1e-3, "refine_steps": 0, "seed": 2}),
+    "search": ({"family": "search"},),
+}
+
+
+def run_recipe(
+    model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], family: str = "math", log: Any = print
+) -> dict[str, Any]:
+    """Run the ``family`` recipe's SFT passes from ``model_dir``; the last one is saved to ``out_dir``."""
+    if family not in RECIPES:
+        raise ValueError(f"no recipe for family {family!r}; known: {sorted(RECIPES)}")
+    out = Path(out_dir)
+    current = Path(model_dir)
+    report: dict[str, Any] = {}
+    stages = RECIPES[family]
+    for i, overrides in enumerate(stages):
+        target = out if i == len(stages) - 1 else out.parent / f"{out.name}-pass{i + 1}"
+        report = run_sft(current, target, SFTConfig(**{"save_dtype": "bfloat16", **overrides}), log=log)
+        current = target
     return report

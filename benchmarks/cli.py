@@ -248,7 +248,8 @@ QUICK_TRAIN: dict[str, Any] = {
 #: Per-suite RL settings and eval k of ``bench quick`` (sized so the whole job fits in ~10 min on 2 cores).
 QUICK_SETTINGS: dict[str, dict[str, Any]] = {
     "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2},
-    "quick-search": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2},
+    # search episodes run up to 4 events with long prompts (MAPPO's critic reads them too): fewer iterations
+    "quick-search": {"train": {**QUICK_TRAIN, "iterations": 8}, "eval_k": 2},
 }
 
 
@@ -406,11 +407,11 @@ def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
 
 
 def _build_model(out: Path, family: str = "math") -> Path:
-    """init-tiny + sft with the shipped checkpoint's recipe (its sft_report.json); 10-30 min on 2 cores."""
-    from agents.sft import SFTConfig, run_sft
+    """init-tiny + the shipped checkpoint's SFT recipe (``agents.sft.RECIPES``); 25-45 min on 2 cores."""
+    from agents.sft import run_recipe
     from agents.tiny import init_tiny
 
     base = out.parent / (out.name + "-init")
     init_tiny(base, size="mini", seed=0, family=family)
-    run_sft(base, out, SFTConfig(family=family, save_dtype="bfloat16"), log=typer.echo)
+    run_recipe(base, out, family, log=typer.echo)
     return out

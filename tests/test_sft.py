@@ -97,3 +97,33 @@ def test_sft_rejects_unknown_family() -> None:
 
     with pytest.raises(ValueError, match="family"):
         SFTConfig(family="chess")
+
+
+def test_recipe_chains_passes_and_keeps_the_whole_recipe(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """run_recipe: each pass starts from the previous one's saved (bf16) weights; reports nest."""
+    from agents import sft as sft_mod
+
+    small = dict(steps=2, batch_size=2, refine_steps=0, tasks_per_difficulty=6, eval_problems=1, max_new_tokens=4)
+    monkeypatch.setitem(sft_mod.RECIPES, "math", (small, {**small, "seed": 2, "lr": 1e-3}))
+    report = sft_mod.run_recipe(tiny_model_dir, tmp_path / "final", "math", log=None)
+    assert report["config"]["seed"] == 2 and report["config"]["save_dtype"] == "bfloat16"
+    assert report["base_model"] == str(tmp_path / "final-pass1")
+    assert report["base_report"]["config"]["seed"] == 0
+    saved = json.loads((tmp_path / "final" / "sft_report.json").read_text())
+    assert saved["base_report"] == report["base_report"]
+    with __import__("pytest").raises(ValueError, match="recipe"):
+        sft_mod.run_recipe(tiny_model_dir, tmp_path / "x", "chess", log=None)
+
+
+def test_shipped_checkpoints_record_their_recipe() -> None:
+    """Both shipped warm starts carry the recipe that rebuilds them (and the accuracy it reached)."""
+    from agents.sft import RECIPES
+
+    root = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
+    for name, family in (("mini-sft", "math"), ("mini-search-sft", "search")):
+        report = json.loads((root / name / "sft_report.json").read_text())
+        assert report["config"]["family"] == family and report["config"]["save_dtype"] == "bfloat16"
+        assert any(f"--family {family}" in line for line in report["how_to_regenerate"])
+        last = RECIPES[family][-1]
+        assert all(report["config"][k] == v for k, v in last.items())
+        assert all(0.0 < v < 1.0 for v in report["accuracy"].values())
