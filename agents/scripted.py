@@ -139,6 +139,9 @@ class ScriptedTeam:
         rng = random.Random(seed)
         base = env.unwrapped
 
+        def subject() -> str:
+            return (base.gold_titles or [base.task.question])[0]
+
         def needed(obs: str) -> str | None:
             retrieved = {base.passage_title(pid) for pid in base.retrieved_ids}
             for title in base.gold_titles:
@@ -153,7 +156,7 @@ class ScriptedTeam:
 
         def search(agent: str, obs: str, info: Mapping[str, Any]) -> str:
             asked = re.search(r"^Aggregator asks: (.+)$", obs, re.MULTILINE)
-            target = asked.group(1).strip() if asked else needed(obs) or base.gold_titles[0]
+            target = asked.group(1).strip() if asked else needed(obs) or subject()
             if rng.random() >= p_correct:
                 target = wrong_name(obs)
             return f"<search>{target}</search>"
@@ -164,7 +167,7 @@ class ScriptedTeam:
                 if normalize_answer(gold) and f" {normalize_answer(gold)} " in f" {evidence} ":
                     return f"<answer>{gold}</answer>"
             if "Answer now" not in obs:
-                return f"<search>{needed(obs) or base.gold_titles[0]}</search>"
+                return f"<search>{needed(obs) or subject()}</search>"
             return f"<answer>{wrong_name(obs)}</answer>"
 
         return cls({"searcher": search, "aggregator": aggregate})
