@@ -384,11 +384,11 @@ def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     """Top-level files of ``bench quick``: every suite's records, one leaderboard, one curves figure."""
     import pandas as pd
 
-    from benchmarks.compare import _write_records
+    from benchmarks.compare import write_records
     from benchmarks.report import atomic_write_text, plot_learning_curves, to_markdown
 
     records = [r for res in results.values() for r in res.records]
-    paths = _write_records(out, records)
+    paths = write_records(out, records)
     md = "".join(f"## {name}\n\n{to_markdown(res.table)}\n\n" for name, res in results.items())
     paths["comparison_md"] = atomic_write_text(out / "comparison.md", md)
     curves = [res.curves.assign(variant=f"{name}/" + res.curves["variant"]) for name, res in results.items()]

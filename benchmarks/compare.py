@@ -166,7 +166,7 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     table = _summary_table(cfg, runs_df, evals)
     paths = _write_outputs(cfg, out, table, runs_df, curves_df)
     records = _records(cfg, evals)
-    paths.update(_write_records(out, records))
+    paths.update(write_records(out, records))
     return ComparisonResult(table, runs_df, curves_df, records, paths)
 
 
@@ -278,7 +278,8 @@ def _records(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) ->
     return records
 
 
-def _write_records(out: Path, records: Sequence[Any]) -> dict[str, Path]:
+def write_records(out: Path, records: Sequence[Any]) -> dict[str, Path]:
+    """``results.json`` (the records as one canonical-JSON list, written atomically) and the pages."""
     from leaderboards.render import write_leaderboard
     from leaderboards.schema import canonical_json
 
