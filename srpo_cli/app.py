@@ -105,7 +105,6 @@ def sft_command(
     run_sft(model, out, cfg, log=typer.echo)
 
 
-
 def warm_start_command(
     out: str = typer.Option(..., help="where to save the warm-started model"),
     family: str = typer.Option("math", help="math or search: which shipped checkpoint to rebuild"),

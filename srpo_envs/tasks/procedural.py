@@ -55,6 +55,7 @@ def make_arithmetic_tasks(
 
     Results are memoised per argument set: finding that a small space is exhausted takes tens of
     thousands of draws, and rollout collectors build one env (hence one task list) per parallel episode.
+    The returned list is fresh, but its tasks are shared between calls: treat them as read-only.
     """
     return list(_make_arithmetic_tasks(n, split, difficulty, max_operand, seed, strict))
 
