@@ -247,7 +247,10 @@ def plot_learning_curves(
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(title=hue)
+    if df[hue].nunique() > 4:  # many series: keep the legend off the curves (bbox_inches="tight" keeps it)
+        ax.legend(title=hue, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    else:
+        ax.legend(title=hue)
     return _save_png(fig, path, dpi)
 
 
