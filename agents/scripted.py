@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from srpo_envs.grading import extract_answer, grade
@@ -38,6 +38,20 @@ class ScriptedTeam:
                 raise KeyError(f"no scripted behaviour for role {role!r}")
             actions[agent] = fn(agent, obs, info)
         return actions
+
+    def play(
+        self, env: Any, seed: int, task_index: int
+    ) -> Iterator[tuple[dict[str, str], dict[str, dict[str, Any]], dict[str, str]]]:
+        """Play one episode; yields ``(observations, infos, actions)`` at each step, before stepping.
+
+        While the caller handles a yield, ``env`` still shows the pre-step state (its task, its active
+        set), so teachers' outputs can be filtered or recorded against what the agents saw.
+        """
+        obs, infos = env.reset(seed=seed, options={"task_index": task_index})
+        while env.agents:
+            actions = self.act(obs, infos)
+            yield obs, infos, actions
+            obs, _, _, _, infos = env.step(actions)
 
     # ------------------------------------------------------------------ factories
     @classmethod
@@ -101,12 +115,9 @@ class ScriptedTeam:
             return f"<search>{oracle_query(env.unwrapped, index)}</search>"
 
         def aggregate(agent: str, obs: str, info: Mapping[str, Any]) -> str:
-            from srpo_envs.qa_metrics import normalize_answer
-
-            evidence = normalize_answer(obs.split("<information>", 1)[-1])
-            for gold in env.unwrapped.task.answers:
-                if normalize_answer(gold) and f" {normalize_answer(gold)} " in f" {evidence} ":
-                    return f"<answer>{gold}</answer>"
+            gold = _gold_in_evidence(env.unwrapped.task.answers, obs)
+            if gold is not None:
+                return f"<answer>{gold}</answer>"
             if "Answer now" in obs:
                 return "<answer>unknown</answer>"
             return "<search>more evidence</search>"
@@ -134,8 +145,6 @@ class ScriptedTeam:
 
         :func:`search_teacher_correct` tells which of its outputs are worth imitating.
         """
-        from srpo_envs.qa_metrics import normalize_answer
-
         rng = random.Random(seed)
         base = env.unwrapped
 
@@ -162,10 +171,9 @@ class ScriptedTeam:
             return f"<search>{target}</search>"
 
         def aggregate(agent: str, obs: str, info: Mapping[str, Any]) -> str:
-            evidence = normalize_answer(obs.split("<information>", 1)[-1])
-            for gold in base.task.answers:
-                if normalize_answer(gold) and f" {normalize_answer(gold)} " in f" {evidence} ":
-                    return f"<answer>{gold}</answer>"
+            gold = _gold_in_evidence(base.task.answers, obs)
+            if gold is not None:
+                return f"<answer>{gold}</answer>"
             if "Answer now" not in obs:
                 return f"<search>{needed(obs) or subject()}</search>"
             return f"<answer>{wrong_name(obs)}</answer>"
@@ -210,6 +218,18 @@ def _candidates(obs: str) -> list[str]:
         return []
     parts[-1] = parts[-1].rsplit("\nRole: aggregator", 1)[0]
     return parts[1:]
+
+
+def _gold_in_evidence(answers: Sequence[str], obs: str) -> str | None:
+    """The first gold answer that appears (SQuAD-normalised, as whole words) in the retrieved text."""
+    from srpo_envs.qa_metrics import normalize_answer
+
+    evidence = f" {normalize_answer(obs.split('<information>', 1)[-1])} "
+    for gold in answers:
+        norm = normalize_answer(gold)
+        if norm and f" {norm} " in evidence:
+            return gold
+    return None
 
 
 def _wrong_answer(answer: str, rng: random.Random) -> str:

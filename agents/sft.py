@@ -103,21 +103,25 @@ def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list
             )
             team = ScriptedTeam.noisy_oracle(env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31))
             for i in range(cfg.tasks_per_difficulty // len(cfg.workflows)):
-                obs, infos = env.reset(seed=rng.randint(0, 2**31), options={"task_index": i % len(env.tasks)})
-                while env.agents:
-                    actions = team.act(obs, infos)
+                for obs, infos, actions in team.play(env, rng.randint(0, 2**31), i % len(env.tasks)):
                     for agent, text in actions.items():
                         role = infos[agent]["role"]
                         if role in ("proposer", "solver") and not grade(
                             extract_answer(text), env.task.answer
                         ):
                             continue
-                        request = GenerationRequest(agent, role, prompts.messages(role, obs[agent]))
-                        target = tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
-                        examples.append((encode_request(tokenizer, request), target, role))
-                    obs, _, _, _, infos = env.step(actions)
+                        examples.append(_example(tokenizer, prompts, end, agent, role, obs[agent], text))
     rng.shuffle(examples)
     return examples
+
+
+def _example(
+    tokenizer: Any, prompts: RolePrompts, end: int, agent: str, role: str, observation: str, text: str
+) -> tuple[list[int], list[int], str]:
+    """(prompt ids as the policy renders them, response ids + the end token, role)."""
+    request = GenerationRequest(agent, role, prompts.messages(role, observation))
+    target = tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
+    return encode_request(tokenizer, request), target, role
 
 
 def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list[int], str]]:
@@ -140,17 +144,11 @@ def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int
     for i in range(cfg.search_episodes):
         if i % len(order) == 0:
             rng.shuffle(order)
-        obs, infos = env.reset(seed=rng.randint(0, 2**31), options={"task_index": order[i % len(order)]})
-        while env.agents:
-            actions = team.act(obs, infos)
+        for obs, infos, actions in team.play(env, rng.randint(0, 2**31), order[i % len(order)]):
             for agent, text in actions.items():
                 role = infos[agent]["role"]
-                if not search_teacher_correct(env, role, text):
-                    continue
-                request = GenerationRequest(agent, role, prompts.messages(role, obs[agent]))
-                target = tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
-                examples.append((encode_request(tokenizer, request), target, role))
-            obs, _, _, _, infos = env.step(actions)
+                if search_teacher_correct(env, role, text):
+                    examples.append(_example(tokenizer, prompts, end, agent, role, obs[agent], text))
     rng.shuffle(examples)
     return examples
 
@@ -203,6 +201,15 @@ def train_sft(
     return losses
 
 
+def _held_out_accuracy(
+    env_fn: Any, policy: HFPolicy, n: int, temperature: float, max_new_tokens: int, seed: int
+) -> float:
+    """Team accuracy of ``policy`` in every role over task indices ``0..n-1`` (mod the env's task count)."""
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+    collector = RolloutCollector(env_fn, PolicyMap.shared(policy), sampling)
+    return collector.collect(list(range(n)), group_size=1, seed=seed).accuracy
+
+
 def procedural_accuracy(
     policy: HFPolicy,
     workflow: str = "proposers-aggregator",
@@ -216,19 +223,17 @@ def procedural_accuracy(
     """Team accuracy on ``n`` procedural *test* problems (one sample each)."""
     from srpo_envs.math_verify import MathVerifyEnv
 
-    collector = RolloutCollector(
-        lambda: MathVerifyEnv(
+    def env_fn() -> MathVerifyEnv:
+        return MathVerifyEnv(
             workflow=workflow,
             dataset="procedural",
             split="test",
             difficulty=difficulty,
             max_operand=max_operand,
             dataset_size=n,
-        ),
-        PolicyMap.shared(policy),
-        SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
-    )
-    return collector.collect(list(range(n)), group_size=1, seed=seed).accuracy
+        )
+
+    return _held_out_accuracy(env_fn, policy, n, temperature, max_new_tokens, seed)
 
 
 def kb_accuracy(
@@ -241,14 +246,13 @@ def kb_accuracy(
 ) -> float:
     """Team exact match on ``n`` KB *test* questions (``MultiTurnSearch-v0``, one sample each)."""
     from srpo_envs.search import MultiTurnSearchEnv
+    from srpo_envs.tasks.knowledge_base import make_knowledge_base
 
-    collector = RolloutCollector(
-        lambda: MultiTurnSearchEnv(dataset="kb", split="test", kb_seed=kb_seed),
-        PolicyMap.shared(policy),
-        SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
-    )
-    n = min(n, len(collector._env_pool(1)[0].tasks))
-    return collector.collect(list(range(n)), group_size=1, seed=seed).accuracy
+    def env_fn() -> MultiTurnSearchEnv:
+        return MultiTurnSearchEnv(dataset="kb", split="test", kb_seed=kb_seed)
+
+    n = min(n, len(make_knowledge_base(seed=kb_seed, split="test")[1]))  # each question at most once
+    return _held_out_accuracy(env_fn, policy, n, temperature, max_new_tokens, seed)
 
 
 def warm_start_accuracy(policy: HFPolicy, cfg: SFTConfig) -> dict[str, float]:
@@ -351,3 +355,18 @@ def run_recipe(
         report = run_sft(current, target, SFTConfig(**{"save_dtype": "bfloat16", **overrides}), log=log)
         current = target
     return report
+
+
+def warm_start(out_dir: str | os.PathLike[str], family: str = "math", log: Any = print) -> dict[str, Any]:
+    """Rebuild a shipped warm start from scratch: ``init_tiny`` (mini, seed 0) + the family's recipe.
+
+    The untrained model goes to ``<out_dir>-init``, intermediate passes to ``<out_dir>-passN``.
+    """
+    from agents.tiny import init_tiny
+
+    if family not in RECIPES:
+        raise ValueError(f"no recipe for family {family!r}; known: {sorted(RECIPES)}")
+    out = Path(out_dir)
+    base = out.parent / f"{out.name}-init"
+    init_tiny(base, size="mini", seed=0, family=family)
+    return run_recipe(base, out, family, log=log)

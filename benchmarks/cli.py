@@ -173,7 +173,11 @@ class TrainingEnv:
 #: Suites ``bench compare``/``ablation``/``quick`` can train on (evaluation is on the suite's test split).
 TRAINING_ENVS: dict[str, TrainingEnv] = {
     "quick-math": TrainingEnv(
-        "ProcArith-v0", "proposers-aggregator", {"difficulty": [1, 2], "max_operand": 9}, BUNDLED_MODEL, "math"
+        "ProcArith-v0",
+        "proposers-aggregator",
+        {"difficulty": [1, 2], "max_operand": 9},
+        BUNDLED_MODEL,
+        "math",
     ),
     "quick-search": TrainingEnv("MultiTurnSearch-v0", "parallel", {}, BUNDLED_SEARCH_MODEL, "search"),
 }
@@ -408,10 +412,7 @@ def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
 
 def _build_model(out: Path, family: str = "math") -> Path:
     """init-tiny + the shipped checkpoint's SFT recipe (``agents.sft.RECIPES``); 25-45 min on 2 cores."""
-    from agents.sft import run_recipe
-    from agents.tiny import init_tiny
+    from agents.sft import warm_start
 
-    base = out.parent / (out.name + "-init")
-    init_tiny(base, size="mini", seed=0, family=family)
-    run_recipe(base, out, family, log=typer.echo)
+    warm_start(out, family, log=typer.echo)
     return out

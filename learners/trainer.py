@@ -279,7 +279,7 @@ class Trainer:
             # Length-sorted chunks: proposer prompts are short, aggregator prompts hold every candidate;
             # padding them to one width would multiply the forward cost (and memory) by the ratio.
             idx = sorted(idx, key=lambda i: (len(rows[i].prompt_ids), len(rows[i].response_ids)))
-            step = max(1, self.cfg.forward_rows)
+            step = self.cfg.forward_rows
             chunks.extend((pol, idx[j : j + step]) for j in range(0, len(idx), step))
         for pol, idx in chunks:
             sub = collate([rows[i] for i in idx], pol.pad_id)

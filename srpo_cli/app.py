@@ -113,17 +113,11 @@ def warm_start_command(
 
     ``--family math`` reproduces agents/checkpoints/mini-sft, ``--family search`` mini-search-sft.
     """
-    from pathlib import Path
-
-    from agents.sft import RECIPES, run_recipe
-    from agents.tiny import init_tiny
+    from agents.sft import RECIPES, warm_start
 
     if family not in RECIPES:
         raise typer.BadParameter(f"--family must be one of {', '.join(RECIPES)}")
-    target = Path(out)
-    base = target.parent / f"{target.name}-init"
-    init_tiny(base, size="mini", seed=0, family=family)
-    run_recipe(base, target, family, log=typer.echo)
+    warm_start(out, family, log=typer.echo)
 
 
 _wire()

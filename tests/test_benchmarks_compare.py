@@ -55,7 +55,15 @@ def test_bench_quick_runs_every_suite_and_merges_outputs(tiny_model_dir: Path, t
     try:
         for s in QUICK_SETTINGS.values():
             s["train"].update(small)
-        args = ["quick", "--out", str(out), "--model", str(tiny_model_dir), "--search-model", str(search_model)]
+        args = [
+            "quick",
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_model_dir),
+            "--search-model",
+            str(search_model),
+        ]
         result = CliRunner().invoke(app, [*args, "--seeds", "0", "--iterations", "1", "--eval-limit", "2"])
     finally:
         for name, train in saved.items():

@@ -99,11 +99,15 @@ def test_sft_rejects_unknown_family() -> None:
         SFTConfig(family="chess")
 
 
-def test_recipe_chains_passes_and_keeps_the_whole_recipe(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+def test_recipe_chains_passes_and_keeps_the_whole_recipe(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
     """run_recipe: each pass starts from the previous one's saved (bf16) weights; reports nest."""
     from agents import sft as sft_mod
 
-    small = dict(steps=2, batch_size=2, refine_steps=0, tasks_per_difficulty=6, eval_problems=1, max_new_tokens=4)
+    small = dict(
+        steps=2, batch_size=2, refine_steps=0, tasks_per_difficulty=6, eval_problems=1, max_new_tokens=4
+    )
     monkeypatch.setitem(sft_mod.RECIPES, "math", (small, {**small, "seed": 2, "lr": 1e-3}))
     report = sft_mod.run_recipe(tiny_model_dir, tmp_path / "final", "math", log=None)
     assert report["config"]["seed"] == 2 and report["config"]["save_dtype"] == "bfloat16"

@@ -254,11 +254,8 @@ def tokenizer_corpus(n: int = 4000, seed: int = 0, kb_seed: int = 0) -> list[str
     rng = random.Random(seed)
     i = 0
     while len(texts) < n:
-        obs, infos = env.reset(seed=rng.randint(0, 2**31), options={"task_index": i % len(env.tasks)})
-        i += 1
-        while env.agents:
-            actions = team.act(obs, infos)
+        for obs, _, actions in team.play(env, rng.randint(0, 2**31), i % len(env.tasks)):
             texts.extend(obs[a] for a in env.active_agents)
             texts.extend(actions.values())
-            obs, _, _, _, infos = env.step(actions)
+        i += 1
     return texts[:n]

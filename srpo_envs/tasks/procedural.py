@@ -119,10 +119,7 @@ def tokenizer_corpus(n: int = 4000, seed: int = 0) -> list[str]:
             )
             team = ScriptedTeam.noisy_oracle(env, p_correct=0.6, seed=rng.randint(0, 2**31))
             for i in range(per):
-                obs, infos = env.reset(seed=rng.randint(0, 2**31), options={"task_index": i})
-                while env.agents:
-                    actions = team.act(obs, infos)
+                for obs, _, actions in team.play(env, rng.randint(0, 2**31), i):
                     texts.extend(obs[a] for a in env.active_agents)
                     texts.extend(actions.values())
-                    obs, _, _, _, infos = env.step(actions)
     return texts[: max(n, 1)] if len(texts) > n else texts
