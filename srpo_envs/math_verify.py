@@ -16,6 +16,8 @@ invalid and its reward is reduced by ``format_penalty``.
 
 from __future__ import annotations
 
+import itertools
+
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -79,8 +81,12 @@ class MathVerifyEnv(EventParallelEnv):
                 )
                 for d in levels
             ]
-            # interleave levels so any prefix (and any random sample) mixes difficulties
-            self.tasks = [t for group in zip(*per_level, strict=False) for t in group]
+            # Interleave levels so any prefix mixes difficulties; a level with fewer problems (one
+            # operation on one-digit operands has 111 train problems) runs out early and the rest keep
+            # going, so no level's problems are dropped.
+            self.tasks = [
+                t for group in itertools.zip_longest(*per_level) for t in group if t is not None
+            ]
         else:
             self.tasks = load_math(dataset, split=split, limit=dataset_size)
         if not self.tasks:

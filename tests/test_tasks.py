@@ -68,3 +68,15 @@ def test_procedural_answers_splits_and_determinism(difficulty: int) -> None:
 def test_procedural_via_load_math() -> None:
     tasks = load_math("procedural:3", split="test", limit=10)
     assert len(tasks) == 10 and all(t.meta["difficulty"] == 3 for t in tasks)
+
+
+def test_mixed_difficulties_keep_every_level() -> None:
+    """A level with fewer problems must not truncate the others (it used to: zip stopped at the shortest)."""
+    from srpo_envs.math_verify import MathVerifyEnv
+
+    d1 = make_arithmetic_tasks(10_000, difficulty=1, max_operand=9, strict=False)
+    env = MathVerifyEnv(dataset="procedural", difficulty=[1, 2], max_operand=9, dataset_size=300)
+    levels = [t.meta["difficulty"] for t in env.tasks]
+    assert levels.count(1) == len(d1) < 300 and levels.count(2) == 300
+    assert levels[:4] == [1, 2, 1, 2]  # interleaved while both last
+    assert len({t.id for t in env.tasks}) == len(env.tasks)
