@@ -17,7 +17,6 @@ invalid and its reward is reduced by ``format_penalty``.
 from __future__ import annotations
 
 import itertools
-
 import re
 from collections.abc import Sequence
 from typing import Any
