@@ -49,6 +49,9 @@ class SFTConfig:
     refine_lr: float = 1e-3
     weight_decay: float = 0.0
     difficulties: tuple[int, ...] = (1, 2)
+    #: math family: the procedural task family (``procedural`` nested arithmetic, ``procedural-columns``
+    #: column addition; see :data:`srpo_envs.tasks.math_data.PROCEDURAL_FAMILIES`)
+    dataset: str = "procedural"
     max_operand: int = 9
     tasks_per_difficulty: int = 1200
     workflows: tuple[str, ...] = ("proposers-aggregator", "solver-verifier", "routed")
@@ -96,7 +99,7 @@ def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list
         for workflow in cfg.workflows:
             env = MathVerifyEnv(
                 workflow=workflow,
-                dataset="procedural",
+                dataset=cfg.dataset,
                 difficulty=difficulty,
                 max_operand=cfg.max_operand,
                 dataset_size=cfg.tasks_per_difficulty,
@@ -219,6 +222,7 @@ def procedural_accuracy(
     max_new_tokens: int = 48,
     seed: int = 1234,
     max_operand: int = 30,
+    dataset: str = "procedural",
 ) -> float:
     """Team accuracy on ``n`` procedural *test* problems (one sample each)."""
     from srpo_envs.math_verify import MathVerifyEnv
@@ -226,7 +230,7 @@ def procedural_accuracy(
     def env_fn() -> MathVerifyEnv:
         return MathVerifyEnv(
             workflow=workflow,
-            dataset="procedural",
+            dataset=dataset,
             split="test",
             difficulty=difficulty,
             max_operand=max_operand,
@@ -272,6 +276,7 @@ def warm_start_accuracy(policy: HFPolicy, cfg: SFTConfig) -> dict[str, float]:
             cfg.eval_temperature,
             cfg.max_new_tokens,
             max_operand=cfg.max_operand,
+            dataset=cfg.dataset,
         )
         for wf in ("proposers-aggregator",)
         for d in cfg.difficulties

@@ -85,13 +85,23 @@ def sft_command(
     family: str = typer.Option(
         "math", help="math (procedural arithmetic, every math role) or search (KB searchers + aggregator)"
     ),
+    dataset: str = typer.Option(
+        "procedural",
+        help="math family: procedural (nested arithmetic) or procedural-columns (column addition)",
+    ),
+    difficulties: str = typer.Option("1,2", help="math family: comma-separated difficulties"),
 ) -> None:
     """Warm-start a model on teacher demonstrations for every role; prints held-out accuracy."""
     from agents.sft import SFT_FAMILIES, SFTConfig, run_sft
+    from srpo_envs.tasks.math_data import PROCEDURAL_FAMILIES
 
     if family not in SFT_FAMILIES:
         raise typer.BadParameter(f"--family must be one of {', '.join(SFT_FAMILIES)}")
+    if dataset not in PROCEDURAL_FAMILIES:
+        raise typer.BadParameter(f"--dataset must be one of {', '.join(PROCEDURAL_FAMILIES)}")
     cfg = SFTConfig(
+        dataset=dataset,
+        difficulties=tuple(int(d) for d in difficulties.split(",") if d.strip()),
         steps=steps,
         lr=lr,
         batch_size=batch_size,

@@ -80,3 +80,33 @@ def test_mixed_difficulties_keep_every_level() -> None:
     assert levels.count(1) == len(d1) < 300 and levels.count(2) == 300
     assert levels[:4] == [1, 2, 1, 2]  # interleaved while both last
     assert len({t.id for t in env.tasks}) == len(env.tasks)
+
+
+@pytest.mark.parametrize("digits", [1, 2, 3])
+def test_column_addition_solutions_and_splits(digits: int) -> None:
+    from srpo_envs.tasks.procedural import make_column_addition_tasks
+
+    train = make_column_addition_tasks(30, split="train", difficulty=digits, strict=False)
+    test = make_column_addition_tasks(30, split="test", difficulty=digits, strict=False)
+    assert train and test and {t.problem for t in train}.isdisjoint({t.problem for t in test})
+    for t in train + test:
+        a, b = (int(x) for x in re.fullmatch(r"Compute (\d+) \+ (\d+)\.", t.problem).groups())
+        assert len(str(a)) == len(str(b)) == digits and int(t.answer) == a + b
+        lines = t.meta["solution"].split("\n")
+        assert len(lines) == digits + 1 and lines[-1] == f"The answer is \\boxed{{{a + b}}}."
+        carry = 0
+        for i, line in enumerate(lines[:-1]):  # ones column first, the carry added as "+ 1"
+            col = [int(str(a)[::-1][i]), int(str(b)[::-1][i])] + ([1] if carry else [])
+            assert line == " + ".join(map(str, col)) + f" = {sum(col)}"
+            carry = sum(col) // 10
+
+
+def test_column_addition_via_load_math_and_env() -> None:
+    import srpo_envs
+
+    tasks = load_math("procedural-columns:3", split="test", limit=5, max_operand=9)  # max_operand ignored
+    assert len(tasks) == 5 and all(t.source == "procedural-columns-d3" for t in tasks)
+    env = srpo_envs.make("ProcArith-v0", dataset="procedural-columns", difficulty=[2, 3], dataset_size=4)
+    assert [t.meta["difficulty"] for t in env.unwrapped.tasks] == [2, 3, 2, 3, 2, 3, 2, 3]
+    with pytest.raises(ValueError, match="unknown procedural family"):
+        load_math("procedural-colums", limit=3)

@@ -93,24 +93,35 @@ def _load_bundled(name: str) -> tuple[MathTask, ...]:
     return tuple(_to_task(r, name, i) for i, r in enumerate(_read_records(_data_file(MATH_DATASETS[name]))))
 
 
+#: ``procedural``: nested multi-step arithmetic; ``procedural-columns``: column addition (see
+#: :mod:`srpo_envs.tasks.procedural`). ``:<difficulty>`` may follow either name.
+PROCEDURAL_FAMILIES = ("procedural", "procedural-columns")
+
+
 def load_math(
     source: str = "math500", *, split: str | None = None, limit: int | None = None, **procedural_kwargs: Any
 ) -> list[MathTask]:
-    """Load math tasks from a bundled name, ``procedural[:difficulty]``, a local file or a hub id.
+    """Load math tasks from a bundled name, ``procedural[-columns][:difficulty]``, a local file or a hub id.
 
     ``split`` picks the procedural split (``train``/``test``) or a hub split (default ``test``).
     """
     if source in MATH_DATASETS:
         tasks = list(_load_bundled(source))
     elif source.startswith("procedural"):
-        from srpo_envs.tasks.procedural import make_arithmetic_tasks
+        from srpo_envs.tasks.procedural import make_arithmetic_tasks, make_column_addition_tasks
 
-        _, _, diff = source.partition(":")
+        family, _, diff = source.partition(":")
+        if family not in PROCEDURAL_FAMILIES:
+            raise ValueError(f"unknown procedural family {family!r}; use one of {PROCEDURAL_FAMILIES}")
         if diff:
             procedural_kwargs.setdefault("difficulty", int(diff))
         procedural_kwargs.setdefault("n", limit or 512)
         procedural_kwargs.setdefault("strict", False)  # like any dataset, ``limit`` is an upper bound
-        tasks = make_arithmetic_tasks(split=split or "train", **procedural_kwargs)
+        if family == "procedural-columns":
+            procedural_kwargs.pop("max_operand", None)  # operands have ``difficulty`` digits
+            tasks = make_column_addition_tasks(split=split or "train", **procedural_kwargs)
+        else:
+            tasks = make_arithmetic_tasks(split=split or "train", **procedural_kwargs)
     elif Path(source).expanduser().is_file():
         path = Path(source).expanduser()
         tasks = [_to_task(r, path.stem, i) for i, r in enumerate(_read_records(path))]
