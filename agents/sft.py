@@ -33,6 +33,7 @@ from agents.prompts import RolePrompts
 from agents.rollout import RolloutCollector
 from agents.scripted import ScriptedTeam
 from srpo_envs.grading import extract_answer, grade
+from srpo_envs.tasks.procedural import slipped_solution
 
 
 @dataclass
@@ -52,6 +53,11 @@ class SFTConfig:
     #: math family: the procedural task family (``procedural`` nested arithmetic, ``procedural-columns``
     #: column addition; see :data:`srpo_envs.tasks.math_data.PROCEDURAL_FAMILIES`)
     dataset: str = "procedural"
+    #: column addition only: probability that a correct teacher solution is replaced by the same solution
+    #: with its first carry forgotten (kept as an example although wrong). A warm start with this
+    #: systematic, problem-independent error is the setting where RL on training problems improves
+    #: held-out ones (:func:`srpo_envs.tasks.procedural.slipped_solution`).
+    carry_slip: float = 0.0
     max_operand: int = 9
     tasks_per_difficulty: int = 1200
     workflows: tuple[str, ...] = ("proposers-aggregator", "solver-verifier", "routed")
@@ -109,6 +115,14 @@ def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list
                 for obs, infos, actions in team.play(env, rng.randint(0, 2**31), i % len(env.tasks)):
                     for agent, text in actions.items():
                         role = infos[agent]["role"]
+                        slip = role in ("proposer", "solver") and cfg.carry_slip > 0
+                        if slip and rng.random() < cfg.carry_slip:
+                            slipped = slipped_solution(env.task)
+                            if slipped is not None:  # the task has a carry to forget
+                                examples.append(
+                                    _example(tokenizer, prompts, end, agent, role, obs[agent], slipped)
+                                )
+                                continue
                         if role in ("proposer", "solver") and not grade(
                             extract_answer(text), env.task.answer
                         ):

@@ -110,3 +110,26 @@ def test_column_addition_via_load_math_and_env() -> None:
     assert [t.meta["difficulty"] for t in env.unwrapped.tasks] == [2, 3, 2, 3, 2, 3, 2, 3]
     with pytest.raises(ValueError, match="unknown procedural family"):
         load_math("procedural-colums", limit=3)
+
+
+def test_slipped_solution_forgets_exactly_the_first_carry() -> None:
+    from srpo_envs.tasks.math_data import MathTask
+    from srpo_envs.tasks.procedural import column_solution, make_column_addition_tasks, slipped_solution
+
+    assert column_solution(455, 319) == (["5 + 9 = 14", "5 + 1 + 1 = 7", "4 + 3 = 7"], 774)
+    assert column_solution(455, 319, forget_carry=True) == (["5 + 9 = 14", "5 + 1 = 6", "4 + 3 = 7"], 764)
+    # later carries are still added; a carry out of the top column still becomes a digit
+    assert column_solution(959, 994, forget_carry=True) == (["9 + 4 = 13", "5 + 9 = 14", "9 + 9 + 1 = 19"], 1943)
+    tasks = make_column_addition_tasks(200, difficulty=3)
+    for t in tasks:
+        slipped = slipped_solution(t)
+        a, b = (int(x) for x in re.fullmatch(r"Compute (\d+) \+ (\d+)\.", t.problem).groups())
+        has_carry = any(int(x) + int(y) >= 10 for x, y in zip(str(a)[1:], str(b)[1:], strict=True))
+        if not has_carry:  # no carry into a next column: nothing to forget
+            assert slipped is None
+            continue
+        assert slipped is not None and slipped.splitlines()[0] == t.meta["solution"].splitlines()[0]
+        assert slipped.endswith(f"\\boxed{{{column_solution(a, b, True)[1]}}}.") and column_solution(a, b, True)[1] != a + b
+    arith = make_arithmetic_tasks(3)[0]
+    assert slipped_solution(arith) is None
+    assert slipped_solution(MathTask(id="x", problem="Compute 15 + 17.", answer="32", source="user")) is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+import re
 
 from srpo_envs.tasks.math_data import MathTask
 
@@ -99,17 +100,41 @@ def _make_arithmetic_tasks(
     return tuple(tasks)
 
 
-def _column_solution(a: int, b: int) -> list[str]:
-    """One line per column, ones first: the two digits, the carry when there is one, and their sum."""
+def column_solution(a: int, b: int, forget_carry: bool = False) -> tuple[list[str], int]:
+    """Lines of ``a + b`` column by column (ones first: the two digits, the carry if any, their sum)
+    and the number they spell.
+
+    ``forget_carry=True`` writes the slip a learner makes most: the first carry is not added to the
+    next column (later carries are), so the lines and the answer are consistently wrong. Used to give
+    a warm start a systematic error that RL with a verifiable reward can remove (``SFTConfig.carry_slip``).
+    """
     steps: list[str] = []
-    carry = 0
+    digits: list[int] = []
+    carry, slipped = 0, False
     da, db = str(a)[::-1], str(b)[::-1]
     for i in range(max(len(da), len(db))):
+        if carry and forget_carry and not slipped:
+            carry, slipped = 0, True
         terms = [int(da[i]) if i < len(da) else 0, int(db[i]) if i < len(db) else 0] + ([1] if carry else [])
         total = sum(terms)
         steps.append(" + ".join(map(str, terms)) + f" = {total}")
+        digits.append(total % 10)
         carry = total // 10
-    return steps
+    value = int("".join(map(str, ([carry] if carry else []) + digits[::-1])))
+    return steps, value
+
+
+def slipped_solution(task: MathTask) -> str | None:
+    """The worked solution of a column-addition task with its first carry forgotten; ``None`` when the
+    task is not column addition or has no carry to forget."""
+    m = re.fullmatch(r"Compute (\d+) \+ (\d+)\.", task.problem)
+    if m is None or not task.source.startswith("procedural-columns"):
+        return None
+    a, b = int(m.group(1)), int(m.group(2))
+    steps, value = column_solution(a, b, forget_carry=True)
+    if value == a + b:
+        return None
+    return "\n".join(steps) + f"\nThe answer is \\boxed{{{value}}}."
 
 
 def make_column_addition_tasks(
@@ -153,7 +178,7 @@ def _make_column_addition_tasks(
             continue
         seen.add(problem)
         digest = hashlib.sha256(problem.encode()).hexdigest()[:10]
-        solution = "\n".join(_column_solution(a, b)) + f"\nThe answer is \\boxed{{{a + b}}}."
+        solution = "\n".join(column_solution(a, b)[0]) + f"\nThe answer is \\boxed{{{a + b}}}."
         tasks.append(
             MathTask(
                 id=f"columns-d{difficulty}-{digest}",
