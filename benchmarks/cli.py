@@ -157,6 +157,7 @@ _CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
 #: Where ``srpo bench quick`` looks for shipped warm-started tiny models before building them.
 BUNDLED_MODEL = _CHECKPOINTS / "mini-sft"
 BUNDLED_SEARCH_MODEL = _CHECKPOINTS / "mini-search-sft"
+BUNDLED_COLUMNS_MODEL = _CHECKPOINTS / "mini-columns-sft"
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,13 @@ TRAINING_ENVS: dict[str, TrainingEnv] = {
         {"difficulty": [1, 2], "max_operand": 9, "dataset_size": 111},
         BUNDLED_MODEL,
         "math",
+    ),
+    "quick-columns": TrainingEnv(
+        "ProcArith-v0",
+        "proposers-aggregator",
+        {"dataset": "procedural-columns", "difficulty": [2, 3]},
+        BUNDLED_COLUMNS_MODEL,
+        "columns",
     ),
     "quick-search": TrainingEnv("MultiTurnSearch-v0", "parallel", {}, BUNDLED_SEARCH_MODEL, "search"),
 }
@@ -254,6 +262,18 @@ QUICK_TRAIN: dict[str, Any] = {
 
 #: Per-suite RL settings and eval k of ``bench quick`` (sized so the whole job fits in ~10 min on 2 cores).
 QUICK_SETTINGS: dict[str, dict[str, Any]] = {
+    # larger batches, one optimizer step each, lr 1e-4: what the 3-seed quick-columns comparison used
+    "quick-columns": {
+        "train": {
+            **QUICK_TRAIN,
+            "iterations": 5,
+            "tasks_per_iter": 16,
+            "group_size": 8,
+            "rows_per_batch": 1024,
+            "lr": 1e-4,
+        },
+        "eval_k": 2,
+    },
     "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2},
     # search episodes run up to 4 events with long prompts (MAPPO's critic reads them too): fewer iterations
     "quick-search": {"train": {**QUICK_TRAIN, "iterations": 8}, "eval_k": 2},
@@ -287,6 +307,10 @@ def compare_cmd(
     eval_k: int = 2,
     eval_limit: int = 32,
     lr: float = QUICK_TRAIN["lr"],
+    rows_per_batch: int = typer.Option(
+        QUICK_TRAIN["rows_per_batch"],
+        help="rows per minibatch (an iteration's rows / this = optimizer steps)",
+    ),
 ) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy."""
     from benchmarks.compare import ALGORITHMS
@@ -295,7 +319,7 @@ def compare_cmd(
     unknown = [a for a in names if a not in ALGORITHMS]
     if unknown:
         raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(ALGORITHMS)}")
-    train = _train_overrides(iterations, tasks_per_iter, group_size, lr)
+    train = {**_train_overrides(iterations, tasks_per_iter, group_size, lr), "rows_per_batch": rows_per_batch}
     _run_compare(
         model,
         out,
@@ -345,7 +369,12 @@ def quick_cmd(
     search_model: Path | None = typer.Option(
         None, help="search warm start (default: the bundled mini-search-sft, else built from scratch)"
     ),
-    suites: str = typer.Option("quick-math,quick-search", help="comma-separated CPU-scale suites"),
+    columns_model: Path | None = typer.Option(
+        None, help="column-addition warm start (default: the bundled mini-columns-sft, else built)"
+    ),
+    suites: str = typer.Option(
+        "quick-columns,quick-math,quick-search", help="comma-separated CPU-scale suites"
+    ),
     seeds: str = "0,1",
     iterations: int | None = typer.Option(None, help="RL iterations per run (default: per suite)"),
     eval_limit: int = 32,
@@ -362,7 +391,7 @@ def quick_cmd(
     results: dict[str, Any] = {}
     for name in names:
         env = TRAINING_ENVS[name]
-        given = model if env.family == "math" else search_model
+        given = {"math": model, "columns": columns_model, "search": search_model}[env.family]
         warm = given or (
             env.bundled_model
             if (env.bundled_model / "config.json").exists()

@@ -11,6 +11,8 @@ Registered suites (:data:`SUITES`):
   via the multi-turn search env over the bundled corpus;
 * ``quick-math``: the procedural arithmetic test split at difficulties 1 and 2 (64 problems each):
   a CPU-scale smoke benchmark a tiny model can move on;
+* ``quick-columns``: column addition (2 and 3 digits), test split: every held-out problem uses only
+  facts training problems use, the suite where RL on training problems can move held-out accuracy;
 * ``quick-search``: the test questions of the procedural knowledge base (``dataset="kb"``).
 
 Every dataset reports a sha256 for result provenance: the bytes of the bundled file for bundled
@@ -389,6 +391,25 @@ register_suite(
             for d in (1, 2)
         ),
         "Procedural arithmetic test split (one-digit operands), difficulties 1 and 2 (<= 64 problems each).",
+    )
+)
+register_suite(
+    Suite(
+        "quick-columns",
+        tuple(
+            SuiteDataset(
+                f"columns-d{d}",
+                "math",
+                "procedural-columns",
+                split="test",
+                limit=128,
+                env_id="MathVerify-v0",
+                env_kwargs={"difficulty": d},
+            )
+            for d in (2, 3)
+        ),
+        "Column addition of two 2- and 3-digit numbers, test split (<= 128 problems each): held-out "
+        "problems use the same one-digit facts as training ones, so a skill learned by RL carries over.",
     )
 )
 register_suite(

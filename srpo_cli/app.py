@@ -90,6 +90,9 @@ def sft_command(
         help="math family: procedural (nested arithmetic) or procedural-columns (column addition)",
     ),
     difficulties: str = typer.Option("1,2", help="math family: comma-separated difficulties"),
+    carry_slip: float = typer.Option(
+        0.0, help="procedural-columns: share of teacher solutions that forget the first carry"
+    ),
 ) -> None:
     """Warm-start a model on teacher demonstrations for every role; prints held-out accuracy."""
     from agents.sft import SFT_FAMILIES, SFTConfig, run_sft
@@ -102,6 +105,7 @@ def sft_command(
     cfg = SFTConfig(
         dataset=dataset,
         difficulties=tuple(int(d) for d in difficulties.split(",") if d.strip()),
+        carry_slip=carry_slip,
         steps=steps,
         lr=lr,
         batch_size=batch_size,
@@ -117,11 +121,12 @@ def sft_command(
 
 def warm_start_command(
     out: str = typer.Option(..., help="where to save the warm-started model"),
-    family: str = typer.Option("math", help="math or search: which shipped checkpoint to rebuild"),
+    family: str = typer.Option("math", help="math, columns or search: which shipped checkpoint to rebuild"),
 ) -> None:
     """Rebuild a shipped warm start from scratch: init-tiny (mini) + its SFT recipe (25-45 min on 2 cores).
 
-    ``--family math`` reproduces agents/checkpoints/mini-sft, ``--family search`` mini-search-sft.
+    ``--family math`` reproduces agents/checkpoints/mini-sft, ``--family columns`` mini-columns-sft,
+    ``--family search`` mini-search-sft.
     """
     from agents.sft import RECIPES, warm_start
 

@@ -120,14 +120,19 @@ def test_recipe_chains_passes_and_keeps_the_whole_recipe(
 
 
 def test_shipped_checkpoints_record_their_recipe() -> None:
-    """Both shipped warm starts carry the recipe that rebuilds them (and the accuracy it reached)."""
+    """The shipped warm starts carry the recipe that rebuilds them (and the accuracy it reached)."""
     from agents.sft import RECIPES
 
     root = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
-    for name, family in (("mini-sft", "math"), ("mini-search-sft", "search")):
+    for name, family in (
+        ("mini-sft", "math"),
+        ("mini-columns-sft", "columns"),
+        ("mini-search-sft", "search"),
+    ):
         report = json.loads((root / name / "sft_report.json").read_text())
-        assert report["config"]["family"] == family and report["config"]["save_dtype"] == "bfloat16"
+        assert report["config"]["family"] == ("search" if family == "search" else "math")
+        assert report["config"]["save_dtype"] == "bfloat16"
         assert any(f"--family {family}" in line for line in report["how_to_regenerate"])
-        last = RECIPES[family][-1]
+        last = json.loads(json.dumps(RECIPES[family][-1]))  # tuples as JSON lists
         assert all(report["config"][k] == v for k, v in last.items())
         assert all(0.0 < v < 1.0 for v in report["accuracy"].values())

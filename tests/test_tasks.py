@@ -119,7 +119,10 @@ def test_slipped_solution_forgets_exactly_the_first_carry() -> None:
     assert column_solution(455, 319) == (["5 + 9 = 14", "5 + 1 + 1 = 7", "4 + 3 = 7"], 774)
     assert column_solution(455, 319, forget_carry=True) == (["5 + 9 = 14", "5 + 1 = 6", "4 + 3 = 7"], 764)
     # later carries are still added; a carry out of the top column still becomes a digit
-    assert column_solution(959, 994, forget_carry=True) == (["9 + 4 = 13", "5 + 9 = 14", "9 + 9 + 1 = 19"], 1943)
+    assert column_solution(959, 994, forget_carry=True) == (
+        ["9 + 4 = 13", "5 + 9 = 14", "9 + 9 + 1 = 19"],
+        1943,
+    )
     tasks = make_column_addition_tasks(200, difficulty=3)
     for t in tasks:
         slipped = slipped_solution(t)
@@ -129,7 +132,10 @@ def test_slipped_solution_forgets_exactly_the_first_carry() -> None:
             assert slipped is None
             continue
         assert slipped is not None and slipped.splitlines()[0] == t.meta["solution"].splitlines()[0]
-        assert slipped.endswith(f"\\boxed{{{column_solution(a, b, True)[1]}}}.") and column_solution(a, b, True)[1] != a + b
+        assert (
+            slipped.endswith(f"\\boxed{{{column_solution(a, b, True)[1]}}}.")
+            and column_solution(a, b, True)[1] != a + b
+        )
     arith = make_arithmetic_tasks(3)[0]
     assert slipped_solution(arith) is None
     assert slipped_solution(MathTask(id="x", problem="Compute 15 + 17.", answer="32", source="user")) is None
