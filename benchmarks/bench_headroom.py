@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_headroom                       # the bundled warm start, ~1 min
     python -m benchmarks.bench_headroom --model A --model B   # e.g. before/after a training run
+    python -m benchmarks.bench_headroom --dataset procedural-columns   # the column-addition warm start
 
 For each model, split (train/test) and difficulty it rolls the team out on ProcArith with several
 evaluation seeds and prints, as mean ± std over seeds:
@@ -37,6 +38,7 @@ from benchmarks.report import to_markdown
 from srpo_envs.grading import extract_answer, grade
 
 BUNDLED = "agents/checkpoints/mini-sft"
+BUNDLED_COLUMNS = "agents/checkpoints/mini-columns-sft"
 
 
 def team_breakdown(batch: RolloutBatch, gold: dict[str, str]) -> dict[str, float]:
@@ -114,10 +116,25 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3", help="evaluation seeds")
     parser.add_argument("--k", type=int, default=4, help="samples per problem and seed")
     parser.add_argument("--limit", type=int, default=64, help="problems per split and difficulty")
+    parser.add_argument(
+        "--dataset",
+        default="procedural",
+        choices=("procedural", "procedural-columns"),
+        help="nested arithmetic (difficulties 1, 2) or column addition (2 and 3 digits)",
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    for model in args.model or [BUNDLED]:
-        table = headroom(model, seeds=seeds, k=args.k, limit=args.limit)
+    columns = args.dataset == "procedural-columns"
+    default = BUNDLED_COLUMNS if columns else BUNDLED
+    for model in args.model or [default]:
+        table = headroom(
+            model,
+            seeds=seeds,
+            k=args.k,
+            limit=args.limit,
+            difficulties=(2, 3) if columns else (1, 2),
+            env_kwargs={"dataset": args.dataset},
+        )
         print(f"\n{model} (T=1: mean ± std over eval seeds {seeds}, {args.k} samples per problem)\n")
         print(to_markdown(table))
 
