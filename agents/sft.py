@@ -115,17 +115,15 @@ def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list
                 for obs, infos, actions in team.play(env, rng.randint(0, 2**31), i % len(env.tasks)):
                     for agent, text in actions.items():
                         role = infos[agent]["role"]
-                        slip = role in ("proposer", "solver") and cfg.carry_slip > 0
-                        if slip and rng.random() < cfg.carry_slip:
+                        solves = role in ("proposer", "solver")
+                        if solves and cfg.carry_slip > 0 and rng.random() < cfg.carry_slip:
                             slipped = slipped_solution(env.task)
                             if slipped is not None:  # the task has a carry to forget
                                 examples.append(
                                     _example(tokenizer, prompts, end, agent, role, obs[agent], slipped)
                                 )
                                 continue
-                        if role in ("proposer", "solver") and not grade(
-                            extract_answer(text), env.task.answer
-                        ):
+                        if solves and not grade(extract_answer(text), env.task.answer):
                             continue
                         examples.append(_example(tokenizer, prompts, end, agent, role, obs[agent], text))
     rng.shuffle(examples)

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import random
 import re
+from collections.abc import Callable
 
 from srpo_envs.tasks.math_data import MathTask
 
@@ -71,11 +72,35 @@ def make_arithmetic_tasks(
 def _make_arithmetic_tasks(
     n: int, split: str, difficulty: int, max_operand: int, seed: int, strict: bool
 ) -> tuple[MathTask, ...]:
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if difficulty < 1 or max_operand < 2 or n < 1:
         raise ValueError("need difficulty >= 1, max_operand >= 2, n >= 1")
     rng = random.Random(f"arith:{seed}:{difficulty}:{max_operand}:{split}")
+    return _distinct_tasks(
+        lambda: _sample(rng, difficulty, max_operand), n, split, strict, "arith", difficulty
+    )
+
+
+def _worked_solution(steps: list[str], answer: int) -> str:
+    """One line per step, then the boxed answer: the text teachers write and SFT imitates."""
+    return "\n".join(steps) + f"\nThe answer is \\boxed{{{answer}}}."
+
+
+def _distinct_tasks(
+    draw: Callable[[], tuple[str, int, list[str]]],
+    n: int,
+    split: str,
+    strict: bool,
+    family: str,
+    difficulty: int,
+) -> tuple[MathTask, ...]:
+    """Draw ``(expression, answer, solution lines)`` until ``n`` distinct problems of ``split`` exist.
+
+    Shared by every procedural family: problem text ``Compute <expression>.``, the hash split, the
+    give-up rule (``200 n + 10,000`` draws; with ``strict=False`` keep what was found) and the
+    ``<family>-d<difficulty>-<digest>`` ids.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     seen: set[str] = set()
     tasks: list[MathTask] = []
     attempts = 0
@@ -87,19 +112,19 @@ def _make_arithmetic_tasks(
             raise ValueError(
                 f"only {len(tasks)} distinct {split} problems exist for these settings (asked {n})"
             )
-        expr, answer, steps = _sample(rng, difficulty, max_operand)
+        expr, answer, steps = draw()
         problem = f"Compute {expr}."
         if problem in seen or _split_of(problem) != split:
             continue
         seen.add(problem)
         digest = hashlib.sha256(problem.encode()).hexdigest()[:10]
-        solution = "\n".join(steps) + f"\nThe answer is \\boxed{{{answer}}}."
+        solution = _worked_solution(steps, answer)
         tasks.append(
             MathTask(
-                id=f"arith-d{difficulty}-{digest}",
+                id=f"{family}-d{difficulty}-{digest}",
                 problem=problem,
                 answer=str(answer),
-                source=f"procedural-arith-d{difficulty}",
+                source=f"procedural-{family}-d{difficulty}",
                 meta={"solution": solution, "difficulty": difficulty, "split": split},
             )
         )
@@ -140,7 +165,7 @@ def slipped_solution(task: MathTask) -> str | None:
     steps, value = column_solution(a, b, forget_carry=True)
     if value == a + b:
         return None
-    return "\n".join(steps) + f"\nThe answer is \\boxed{{{value}}}."
+    return _worked_solution(steps, value)
 
 
 def make_column_addition_tasks(
@@ -161,40 +186,16 @@ def make_column_addition_tasks(
 def _make_column_addition_tasks(
     n: int, split: str, difficulty: int, seed: int, strict: bool
 ) -> tuple[MathTask, ...]:
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if not 1 <= difficulty <= 9 or n < 1:
         raise ValueError("need 1 <= difficulty (digits per operand) <= 9 and n >= 1")
     rng = random.Random(f"columns:{seed}:{difficulty}:{split}")
     low, high = 10 ** (difficulty - 1), 10**difficulty - 1
-    seen: set[str] = set()
-    tasks: list[MathTask] = []
-    attempts = 0
-    while len(tasks) < n:
-        attempts += 1
-        if attempts > 200 * n + 10_000:
-            if not strict and tasks:
-                break
-            raise ValueError(
-                f"only {len(tasks)} distinct {split} problems exist for these settings (asked {n})"
-            )
+
+    def draw() -> tuple[str, int, list[str]]:
         a, b = rng.randint(low, high), rng.randint(low, high)
-        problem = f"Compute {a} + {b}."
-        if problem in seen or _split_of(problem) != split:
-            continue
-        seen.add(problem)
-        digest = hashlib.sha256(problem.encode()).hexdigest()[:10]
-        solution = "\n".join(column_solution(a, b)[0]) + f"\nThe answer is \\boxed{{{a + b}}}."
-        tasks.append(
-            MathTask(
-                id=f"columns-d{difficulty}-{digest}",
-                problem=problem,
-                answer=str(a + b),
-                source=f"procedural-columns-d{difficulty}",
-                meta={"solution": solution, "difficulty": difficulty, "split": split},
-            )
-        )
-    return tuple(tasks)
+        return f"{a} + {b}", a + b, column_solution(a, b)[0]
+
+    return _distinct_tasks(draw, n, split, strict, "columns", difficulty)
 
 
 def tokenizer_corpus(n: int = 4000, seed: int = 0) -> list[str]:
