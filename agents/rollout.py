@@ -167,7 +167,7 @@ class RolloutCollector:
                             agent=agent,
                             role=env.role_of(agent),
                             member_index=m,
-                            expected_k=event.cardinality,
+                            k=event.k,
                             prompt_ids=list(gen.prompt_ids),
                             response_ids=list(gen.token_ids),
                             response_mask=[1] * len(gen.token_ids),
@@ -193,7 +193,7 @@ class RolloutCollector:
                     turns=len(events),
                     team_tokens=team_tokens,
                     tool_calls=sum(int(e.info.get("tool_calls", 0)) for e in events),
-                    ks=[e.cardinality for e in events],
+                    ks=[e.k for e in events],
                     event_types=[e.event_type for e in events],
                 )
             )

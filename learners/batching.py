@@ -56,8 +56,8 @@ __all__ = [
 
 def _is_complete(rows: Sequence[Row]) -> bool:
     """Rows (sorted by member index) hold members ``0..K-1`` exactly once and agree on ``K``."""
-    k = rows[0].expected_k
-    if k < 1 or any(r.expected_k != k for r in rows):
+    k = rows[0].k
+    if k < 1 or any(r.k != k for r in rows):
         return False
     return [r.member_index for r in rows] == list(range(k))
 
@@ -66,7 +66,7 @@ def complete_events(rows: Sequence[Row]) -> tuple[dict[str, list[Row]], list[str
     """Split rows into complete events and the ids of dropped ones.
 
     An event is kept iff its rows have member indices exactly ``0..K-1`` (so: not fewer rows than
-    ``expected_k``, no duplicate member index, none out of range) and agree on ``expected_k``.
+    ``k``, no duplicate member index, none out of range) and agree on ``k``.
 
     Returns:
         ``(events, dropped_ids)``: ``event_id -> rows sorted by member_index`` in order of first

@@ -355,7 +355,7 @@ class EventParallelEnv(ParallelEnv, ABC):
 
     def _format_event(self, event: Event) -> str:
         lines = [
-            f"## step {event.step} [{event.event_type}] K={event.cardinality} state={event.pre_state_id}"
+            f"## step {event.step} [{event.event_type}] K={event.k} state={event.pre_state_id}"
         ]
         for m in event.members:
             mark = "" if event.valid[m] else "  (invalid)"

@@ -89,7 +89,7 @@ class Event:
         object.__setattr__(self, "info", _freeze(self.info))
 
     @property
-    def cardinality(self) -> int:
+    def k(self) -> int:
         """K, the number of members whose outputs the transition consumed."""
         return len(self.members)
 
@@ -98,18 +98,18 @@ class Event:
         return all(self.valid.get(m, False) for m in self.members)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data view (JSON-serialisable), including the derived ``cardinality``."""
+        """Plain-data view (JSON-serialisable), including the derived ``k``."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["members"] = list(self.members)
         d["outputs"] = dict(self.outputs)
         d["valid"] = dict(self.valid)
         d["info"] = dict(self.info)
-        d["cardinality"] = self.cardinality
+        d["k"] = self.k
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Event:
-        kwargs = {k: v for k, v in d.items() if k != "cardinality"}
+        kwargs = {k: v for k, v in d.items() if k != "k"}
         kwargs["members"] = tuple(kwargs["members"])
         return cls(**kwargs)
 

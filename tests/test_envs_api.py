@@ -67,7 +67,7 @@ def test_random_and_adversarial_steps(env_id: str) -> None:
         slowest = max(slowest, time.monotonic() - start)
         event = env.events[-1] if env.agents else _last_event(env)
         assert event.members == active_before
-        assert event.cardinality == len(event.members)
+        assert event.k == len(event.members)
         assert set(event.outputs) == set(active_before)
         for a in active_before:
             assert infos[a]["event_id"] == event.event_id
@@ -103,7 +103,7 @@ def test_k_patterns(workflow: str, pattern: list[tuple[str, int]]) -> None:
     obs, infos = env.reset(seed=0)
     while env.agents:
         obs, *_, infos = env.step(team.act(obs, infos))
-    assert [(e.event_type, e.cardinality) for e in env.events] == pattern
+    assert [(e.event_type, e.k) for e in env.events] == pattern
 
 
 def test_routed_k_varies_with_the_router() -> None:
@@ -114,7 +114,7 @@ def test_routed_k_varies_with_the_router() -> None:
         obs, infos = env.reset(seed=k)
         while env.agents:
             obs, *_, infos = env.step(team.act(obs, infos))
-        ks = [e.cardinality for e in env.events]
+        ks = [e.k for e in env.events]
         assert ks == [1, k, 1]
         assert [e.event_type for e in env.events] == ["route", "propose", "aggregate"]
         seen.add(ks[1])
@@ -199,7 +199,7 @@ def test_rewards_written_back_and_format_penalty() -> None:
     assert infos["aggregator"]["outcome"]["correct"] is True
     ids = [e.event_id for e in env.events]
     assert len(set(ids)) == len(ids)
-    assert env.events[0].to_dict()["cardinality"] == 3
+    assert env.events[0].to_dict()["k"] == 3
 
 
 @pytest.mark.parametrize("env_id", MATH_IDS)

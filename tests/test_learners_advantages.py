@@ -90,7 +90,7 @@ def _row(
         agent=f"{role}{member}",
         role=role,
         member_index=member,
-        expected_k=k,
+        k=k,
         prompt_ids=[1],
         response_ids=[2],
         response_mask=[1],

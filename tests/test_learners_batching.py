@@ -39,7 +39,7 @@ def _row(
         agent=f"a{member}",
         role="r",
         member_index=member,
-        expected_k=k,
+        k=k,
         prompt_ids=list(prompt),
         response_ids=response,
         response_mask=list(mask) if mask is not None else [1] * len(response),
@@ -57,7 +57,7 @@ def _row(
 
 # Each event: (K, defect) with defect in: ok, missing (one row lost), duplicate (a member twice),
 # same_size_dup (K rows, one member twice), extra (a member index >= K), mixed_k (rows disagree on
-# expected_k).
+# k).
 DEFECTS = ["ok", "ok", "ok", "missing", "duplicate", "same_size_dup", "extra", "mixed_k"]
 
 

@@ -48,7 +48,7 @@ def test_rows_match_events(workflow: str, tmp_path) -> None:
             n_events += 1
             rows = by_event[e.event_id]
             assert tuple(r.agent for r in rows) == e.members
-            assert all(r.expected_k == e.cardinality == len(rows) for r in rows)
+            assert all(r.k == e.k == len(rows) for r in rows)
             assert all(r.reward == e.reward and r.event_type == e.event_type for r in rows)
             assert all(r.pre_state_id == e.pre_state_id for r in rows)
             assert [r.member_index for r in rows] == list(range(len(rows)))
@@ -92,7 +92,7 @@ def test_tiny_model_rollout_rows_match_events(workflow: str, tiny_model_dir) -> 
         for e in events:
             rows = by_event[e.event_id]
             assert tuple(r.agent for r in rows) == e.members and all(
-                r.expected_k == e.cardinality for r in rows
+                r.k == e.k for r in rows
             )
             for r in rows:
                 assert r.response_text == e.outputs[r.agent]

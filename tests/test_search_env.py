@@ -25,7 +25,7 @@ def test_turn_pattern_tool_calls_and_environment_text() -> None:
     env.step({a: "<search>c</search>" for a in env.active_agents})
     env.step({"aggregator": "<answer>zzz</answer>"})
     events = env.events
-    assert [(e.event_type, e.cardinality) for e in events] == [("search", 3), ("aggregate", 1)] * 2
+    assert [(e.event_type, e.k) for e in events] == [("search", 3), ("aggregate", 1)] * 2
     assert events[0].info["tool_calls"] == 2 and events[0].valid["searcher_2"] is False
     assert events[2].info["tool_calls"] == 3
     assert env.outcome["tool_calls"] == 5 and env.outcome["correct"] is False
@@ -48,7 +48,7 @@ def test_routed_team_size() -> None:
     env = srpo_envs.make("MultiTurnSearch-Routed-v0", n_searchers=3)
     for k in (1, 3):
         _play(env, ScriptedTeam.search_oracle(env, route=k), 0)
-        assert [e.cardinality for e in env.events][:2] == [1, k]
+        assert [e.k for e in env.events][:2] == [1, k]
 
 
 @pytest.mark.parametrize(

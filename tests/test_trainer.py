@@ -176,7 +176,7 @@ def test_trainer_runs_on_the_search_env(tiny_model_dir: Path, tmp_path: Path) ->
     trainer = Trainer(cfg, log=None)
     batch = trainer.collector.collect([0, 1], group_size=2, seed=0)
     assert {r.event_type for r in batch.rows} == {"search", "aggregate"}
-    assert {r.expected_k for r in batch.rows if r.event_type == "search"} == {2}
+    assert {r.k for r in batch.rows if r.event_type == "search"} == {2}
     _reward_first_sample(batch)
     stats = trainer._update(batch, iteration=1)
     assert stats["max_k"] == 2.0 and torch.isfinite(torch.tensor(stats["loss"]))
