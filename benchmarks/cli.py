@@ -443,8 +443,8 @@ def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
 
 
 def _build_model(out: Path, family: str = "math") -> Path:
-    """init-tiny + the shipped checkpoint's SFT recipe (``agents.sft.RECIPES``); 25-45 min on 2 cores."""
-    from agents.sft import warm_start
+    """init-tiny + the shipped checkpoint's SFT recipe (``learners.sft.RECIPES``); 25-45 min on 2 cores."""
+    from learners.sft import warm_start
 
     warm_start(out, family, log=typer.echo)
     return out

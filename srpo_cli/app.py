@@ -95,7 +95,7 @@ def sft_command(
     ),
 ) -> None:
     """Warm-start a model on teacher demonstrations for every role; prints held-out accuracy."""
-    from agents.sft import SFT_FAMILIES, SFTConfig, run_sft
+    from learners.sft import SFT_FAMILIES, SFTConfig, run_sft
     from srpo_envs.tasks.math_data import PROCEDURAL_FAMILIES
 
     if family not in SFT_FAMILIES:
@@ -128,7 +128,7 @@ def warm_start_command(
     ``--family math`` reproduces agents/checkpoints/mini-sft, ``--family columns`` mini-columns-sft,
     ``--family search`` mini-search-sft.
     """
-    from agents.sft import RECIPES, warm_start
+    from learners.sft import RECIPES, warm_start
 
     if family not in RECIPES:
         raise typer.BadParameter(f"--family must be one of {', '.join(RECIPES)}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from agents.hf import HFPolicy
-from agents.sft import SFTConfig, _batch, build_examples, run_sft
+from learners.sft import SFTConfig, _batch, build_examples, run_sft
 
 
 def _small_cfg(**kw) -> SFTConfig:
@@ -121,7 +121,7 @@ def test_recipe_chains_passes_and_keeps_the_whole_recipe(
 
 def test_shipped_checkpoints_record_their_recipe() -> None:
     """The shipped warm starts carry the recipe that rebuilds them (and the accuracy it reached)."""
-    from agents.sft import RECIPES
+    from learners.sft import RECIPES
 
     root = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
     for name, family in (
