@@ -31,7 +31,8 @@ def init_tiny_cmd(
 
     The directory loads with AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT).
     """
-    from agents.tiny import CORPORA, SIZES, init_tiny
+    from agents.corpus import CORPORA
+    from agents.tiny import SIZES, init_tiny
 
     if size not in SIZES:
         raise typer.BadParameter(f"--size must be one of {', '.join(SIZES)}")
@@ -39,7 +40,7 @@ def init_tiny_cmd(
         raise typer.BadParameter("--arch must be llama or qwen2")
     if corpus not in CORPORA:
         raise typer.BadParameter(f"--corpus must be one of {', '.join(CORPORA)}")
-    info = init_tiny(out, size=size, arch=arch, seed=seed, family=corpus)  # type: ignore[arg-type]
+    info = init_tiny(out, size=size, arch=arch, seed=seed, domain=corpus)  # type: ignore[arg-type]
     typer.echo(f"wrote {info.path}: arch={info.arch} size={info.size} seed={info.seed}")
     typer.echo(f"parameters: {info.n_params:,}")
     typer.echo(f"vocab size: {info.vocab_size}")

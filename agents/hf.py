@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from agents.layout import pad_prompt_response
 from agents.policy import ChatMessages, Generation, GenerationRequest, PolicyMap, SamplingParams
 
 #: ``adapter_name`` that runs a ``PeftModel`` with all adapters disabled (the base weights).
@@ -228,22 +229,14 @@ def response_logprobs(
         raise ValueError("prompt_ids_list and response_ids_list differ in length")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     b = len(prompt_ids_list)
-    p_len = max((len(p) for p in prompt_ids_list), default=0)
     r_len = max((len(r) for r in response_ids_list), default=0)
     mask = torch.zeros(b, r_len, dtype=torch.bool, device=device)
     if b == 0 or r_len == 0:
         return torch.zeros(b, r_len, device=device), mask
-    if any(len(p) == 0 for p in prompt_ids_list):
-        raise ValueError("every prompt needs at least one token")
-    ids = torch.full((b, p_len + r_len), pad_id, dtype=torch.long)
-    attn = torch.zeros(b, p_len + r_len, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompt_ids_list, response_ids_list, strict=True)):
-        ids[i, p_len - len(p) : p_len] = torch.as_tensor(list(p), dtype=torch.long)
-        ids[i, p_len : p_len + len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-        attn[i, p_len - len(p) : p_len + len(r)] = 1
+    ids, attn, pos, p_len = pad_prompt_response(prompt_ids_list, response_ids_list, pad_id)
+    for i, r in enumerate(response_ids_list):
         mask[i, : len(r)] = True
-    ids, attn = ids.to(device), attn.to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
     kwargs: dict[str, Any] = {"use_cache": False}
     if "logits_to_keep" in _forward_params(model):
         kwargs["logits_to_keep"] = r_len + 1
@@ -351,6 +344,8 @@ class HFPolicy:
         self.pad_id = pad_token_id(tokenizer)
         self._cache_kwarg = _cache_kwarg(model)
         self._keep_kwarg = "logits_to_keep" in _forward_params(model)
+        #: Prefill each distinct prompt of a batch once (:meth:`_prefill`); False forwards every row.
+        self.share_prefix = True
 
     # -- properties / views ------------------------------------------------------------------------
 
@@ -360,13 +355,15 @@ class HFPolicy:
 
     def view(self, adapter_name: str | None, policy_version: int = 0) -> HFPolicy:
         """Another policy on the same model and tokenizer (e.g. another LoRA adapter), own version."""
-        return HFPolicy(
+        other = HFPolicy(
             self.model,
             self.tokenizer,
             adapter_name=adapter_name,
             max_batch_size=self.max_batch_size,
             policy_version=policy_version,
         )
+        other.share_prefix = self.share_prefix
+        return other
 
     def bump_version(self) -> int:
         """Called by the learner after a weight update; returns the new version."""
@@ -424,6 +421,31 @@ class HFPolicy:
         logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, **kwargs).logits
         return logits[:, -1]
 
+    def _prefill(
+        self, prompts: list[list[int]], ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Prefill the batch's KV cache and return each row's last-position logits.
+
+        Rollouts repeat prompts (a group's G samples, every proposer of a round reading the same
+        question), so with :attr:`share_prefix` each distinct prompt is forwarded once and its cache
+        rows and logits are copied to the rows that share it (``batch_select_indices`` with repeated
+        indices). The distinct prompts keep the batch's padded width, so every row sees the same
+        layout, positions and mask as in the full prefill, and the per-request uniforms are untouched:
+        the sampled tokens do not change. Log-probs agree to float rounding (a CPU GEMM may round a
+        2-row LM head differently from an 8-row one; ``tests/test_hf_prefix.py``); the shipped warm
+        start's rollouts hash bit-identical (``python -m benchmarks.fingerprint``).
+        """
+        first: dict[tuple[int, ...], int] = {}
+        source = [first.setdefault(tuple(p), j) for j, p in enumerate(prompts)]
+        if not self.share_prefix or len(first) == len(prompts):
+            return self._forward(ids, attn, pos, cache)
+        uniq = torch.tensor(list(first.values()), device=ids.device)
+        slot = {j: s for s, j in enumerate(first.values())}
+        expand = torch.tensor([slot[j] for j in source], device=ids.device)
+        logits = self._forward(ids[uniq], attn[uniq], pos[uniq], cache)
+        cache.batch_select_indices(expand)
+        return logits[expand]
+
     @staticmethod
     def _uniforms(sps: Sequence[SamplingParams], steps: int) -> torch.Tensor:
         """One uniform per (row, step): from the request's own generator when it has a seed."""
@@ -467,13 +489,8 @@ class HFPolicy:
         dev: torch.device,
     ) -> None:
         n = len(sps)
-        p_len = max(len(p) for p in prompts)
-        ids = torch.full((n, p_len), self.pad_id, dtype=torch.long)
-        attn = torch.zeros(n, p_len, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, p_len - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-            attn[i, p_len - len(p) :] = 1
-        ids, attn = ids.to(dev), attn.to(dev)
+        ids, attn, pos, _ = pad_prompt_response(prompts, None, self.pad_id)
+        ids, attn, pos = ids.to(dev), attn.to(dev), pos.to(dev)
         temp = torch.tensor([sp.temperature if sp.temperature > 0 else 1.0 for sp in sps], device=dev)
         top_p = torch.tensor([sp.top_p for sp in sps], device=dev)
         greedy = torch.tensor([sp.greedy for sp in sps], device=dev)
@@ -483,8 +500,7 @@ class HFPolicy:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
 
         cache = _new_cache(self.model)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = self._forward(ids, attn, pos, cache)
+        logits = self._prefill(prompts, ids, attn, pos, cache)
         next_pos = attn.sum(-1, keepdim=True)
         rows = list(range(n))  # original index of each row still in the batch
         for step in range(steps):

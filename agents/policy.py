@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 ChatMessages = list[dict[str, str]]
 FinishReason = Literal["stop", "length"]
@@ -146,13 +146,6 @@ class PolicyMap:
     def per_role(cls, policies: Mapping[str, Policy]) -> PolicyMap:
         """A separate policy per role; an unknown role is an error."""
         return cls(policies)
-
-    @classmethod
-    def lora_per_role(cls, base: Any, roles: Sequence[str], **kwargs: Any) -> PolicyMap:
-        """One base model with a LoRA adapter per role (see :func:`agents.hf.lora_policy_map`)."""
-        from agents.hf import lora_policy_map
-
-        return lora_policy_map(base, roles, **kwargs)
 
     def __getitem__(self, role: str) -> Policy:
         try:

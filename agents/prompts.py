@@ -1,4 +1,4 @@
-"""Role prompts: one readable table per env family, overridable per role.
+"""Role prompts: one readable table per domain (math, search), overridable per role.
 
 The env's observation already states the task and the role's job; the system prompt fixes the
 output format the env parses. Keep them short: tiny models have short contexts, and every prompt
@@ -36,16 +36,17 @@ PROMPT_TABLES: dict[str, dict[str, str]] = {"math": MATH_PROMPTS, "search": SEAR
 class RolePrompts:
     """Turns (role, observation) into chat messages; ``overrides`` replace a role's system prompt."""
 
-    family: str = "math"
+    domain: str = "math"
+    """Which prompt table: ``math`` or ``search`` (:data:`PROMPT_TABLES`)."""
     overrides: Mapping[str, str] = field(default_factory=dict)
     use_system: bool = True
 
     def system(self, role: str) -> str:
         if role in self.overrides:
             return self.overrides[role]
-        table = PROMPT_TABLES.get(self.family)
+        table = PROMPT_TABLES.get(self.domain)
         if table is None:
-            raise KeyError(f"no prompt table for env family {self.family!r}; known: {sorted(PROMPT_TABLES)}")
+            raise KeyError(f"no prompt table for domain {self.domain!r}; known: {sorted(PROMPT_TABLES)}")
         return table.get(role, "")
 
     def messages(self, role: str, observation: str) -> ChatMessages:
@@ -58,5 +59,5 @@ class RolePrompts:
 def prompts_for_env(env: object, overrides: Mapping[str, str] | None = None) -> RolePrompts:
     """The prompt table matching an env (by its metadata name)."""
     name = str(getattr(getattr(env, "unwrapped", env), "metadata", {}).get("name", ""))
-    family = "search" if "search" in name else "math"
-    return RolePrompts(family=family, overrides=dict(overrides or {}))
+    domain = "search" if "search" in name else "math"
+    return RolePrompts(domain=domain, overrides=dict(overrides or {}))

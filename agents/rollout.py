@@ -65,7 +65,7 @@ class RolloutCollector:
         env_fn: builds one env (called once per parallel rollout and kept for reuse).
         policies: role -> policy routing.
         sampling: sampling params for all roles, or a role -> params mapping.
-        prompts: role prompts (defaults to the env family's table).
+        prompts: role prompts (defaults to the table of the env's domain).
     """
 
     def __init__(
@@ -149,6 +149,9 @@ class RolloutCollector:
         events_by_episode: dict[str, list[Any]] = {}
         for i, env in enumerate(envs[: len(plan)]):
             outcome = env.outcome
+            # The env records each event's reward as the team outcome minus that event's penalty; the
+            # row carries both terms so learners never re-derive one from the other.
+            team = float(outcome.get("reward", 0.0))
             team_tokens = 0
             events = env.events
             events_by_episode[env.episode_id] = events
@@ -176,7 +179,8 @@ class RolloutCollector:
                             task_id=event.task_id,
                             group_id=group_ids[i],
                             reward=float(event.reward),
-                            outcome_reward=float(outcome.get("reward", 0.0)),
+                            outcome_reward=team,
+                            penalty=team - float(event.reward),
                             correct=bool(outcome.get("correct", False)),
                             state_text=state_text,
                             response_text=event.outputs[agent],

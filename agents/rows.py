@@ -11,13 +11,15 @@ Rows round-trip through JSONL (any size, human-readable) and parquet (compact, c
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from srpo_common import atomic_write_bytes, atomic_write_text
 
 
 @dataclass
@@ -40,8 +42,9 @@ class Row:
     policy_version: int
     task_id: str
     group_id: str  # rows of the G rollouts of the same task share it
-    reward: float  # the event's reward (team outcome minus its format penalty)
+    reward: float  # the event's reward: the team outcome minus ``penalty``
     outcome_reward: float = 0.0  # the episode's team outcome
+    penalty: float = 0.0  # the event's own penalty (e.g. an invalid output's format penalty), >= 0
     correct: bool = False
     state_text: str = ""  # shared state before the event: what a centralised critic reads
     response_text: str = ""
@@ -64,18 +67,6 @@ class Row:
 ROW_FIELDS = tuple(f.name for f in fields(Row))
 
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_rows(rows: Sequence[Row], path: str | os.PathLike[str]) -> Path:
     """Write rows atomically as ``.jsonl`` or ``.parquet`` (chosen by the suffix)."""
     path = Path(path)
@@ -85,10 +76,11 @@ def save_rows(rows: Sequence[Row], path: str | os.PathLike[str]) -> Path:
 
         df = pd.DataFrame.from_records(records, columns=list(ROW_FIELDS))
         df["meta"] = df["meta"].map(json.dumps)
-        _atomic_write(path, lambda fh: df.to_parquet(fh, index=False))
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        atomic_write_bytes(path, buf.getvalue())
     elif path.suffix == ".jsonl":
-        payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
-        _atomic_write(path, lambda fh: fh.write(payload))
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     else:
         raise ValueError(f"unsupported rows file {path}: use .jsonl or .parquet")
     return path

@@ -26,18 +26,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
 import tempfile
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-#: Special tokens, in id order (ids 0..3).
-SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
-EOS_TOKEN, IM_START, IM_END, PAD_TOKEN = SPECIAL_TOKENS
+from agents.corpus import (
+    EOS_TOKEN,
+    IM_END,
+    IM_START,
+    PAD_TOKEN,
+    SPECIAL_TOKENS,
+    default_corpus,
+    fallback_corpus,
+)
 
 #: The pre-tokenisation regex transformers' ``Qwen2Tokenizer`` hard-codes (see module docstring).
 PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -78,130 +82,6 @@ class TinyModelInfo:
     vocab_size: int
     weights_sha256: str
     tokenizer_sha256: str
-
-
-# ----------------------------------------------------------------------------------------------- corpus
-
-
-#: Env families a tiny tokenizer can be trained for: the math envs' texts or the KB search env's.
-CORPORA = ("math", "search")
-
-
-def default_corpus(n: int = 4000, seed: int = 0, family: str = "math") -> list[str]:
-    """Tokenizer training text: the ``family`` env's own texts plus :func:`fallback_corpus`.
-
-    ``srpo_envs.tasks.procedural.tokenizer_corpus`` gives the exact words the envs produce, but it is
-    repetitive (a BPE vocabulary of only a few hundred tokens); the procedural general text (LaTeX,
-    chat turns, made-up words, unicode) fills the vocabulary to ~3.5k so the tokenizer also handles text
-    the envs do not produce. Without the env module (older trees) the fallback alone is used.
-    """
-    if family not in CORPORA:
-        raise ValueError(f"family must be one of {CORPORA}, got {family!r}")
-    if family == "search":
-        from srpo_envs.tasks.knowledge_base import tokenizer_corpus as search_corpus
-
-        return list(search_corpus(n, seed)) + fallback_corpus(n, seed)
-    try:
-        from srpo_envs.tasks.procedural import tokenizer_corpus
-    except ImportError:
-        warnings.warn(
-            "srpo_envs.tasks.procedural.tokenizer_corpus not available; training the tiny tokenizer on "
-            "agents.tiny.fallback_corpus only",
-            stacklevel=2,
-        )
-        return fallback_corpus(n, seed)
-    return list(tokenizer_corpus(n, seed)) + fallback_corpus(n, seed)
-
-
-_WORD_TEXT = (
-    "the a of to and is in that it for on with as are be this by we let find so then answer solve "
-    "compute total number sum product difference each value step first next finally check verify "
-    "solution correct wrong problem question agent solver verifier proposer aggregator because since "
-    "therefore thus hence which gives equals more less than twice half apples books coins students "
-    "minutes hours days price cost area perimeter square root integer prime even odd fraction"
-)
-_WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
-_UNICODE = ("café", "naïve", "π", "≤", "≥", "×", "÷", "√", "∞", "°", "€", "日本語", "ñ", "😀", "→", "α", "β")
-
-
-_ONSETS = (
-    "",
-    "b",
-    "c",
-    "d",
-    "f",
-    "g",
-    "h",
-    "k",
-    "l",
-    "m",
-    "n",
-    "p",
-    "r",
-    "s",
-    "t",
-    "v",
-    "w",
-    "st",
-    "tr",
-    "pl",
-)
-_NUCLEI = ("a", "e", "i", "o", "u", "ai", "ea", "ou", "io")
-_CODAS = ("", "", "n", "r", "s", "t", "l", "m", "nd", "ng", "st", "ck")
-
-
-def _pseudo_word(rng: random.Random) -> str:
-    """A pronounceable made-up word: gives the BPE trainer enough distinct merges for a ~4k vocab."""
-    word = "".join(
-        rng.choice(_ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS) for _ in range(rng.randint(1, 3))
-    )
-    return word.capitalize() if rng.random() < 0.15 else word
-
-
-def fallback_corpus(n: int = 4000, seed: int = 0) -> list[str]:
-    """Procedural text in the shapes the envs produce: arithmetic with worked solutions, LaTeX, chat.
-
-    Deterministic for ``(n, seed)``. Only used when the env package's ``tokenizer_corpus`` is absent.
-    """
-    rng = random.Random(seed)
-    out: list[str] = []
-    ops = [("+", lambda a, b: a + b), ("-", lambda a, b: a - b), ("*", lambda a, b: a * b)]
-    for i in range(n):
-        kind = i % 5
-        a, b = rng.randint(0, 999), rng.randint(1, 99)
-        sym, fn = rng.choice(ops)
-        if kind == 0:
-            out.append(
-                f"Problem: What is {a} {sym} {b}?\nSolution: We compute {a} {sym} {b} = {fn(a, b)}.\n"
-                f"The answer is \\boxed{{{fn(a, b)}}}."
-            )
-        elif kind == 1:
-            out.append(
-                f"$\\frac{{{a}}}{{{b}}} + \\sqrt{{{b}}} \\times {a}^{{2}} \\le \\left( x_{{{b}}} \\right)$ "
-                f"so $x \\in [{-b}, {a}]$ and \\boxed{{\\frac{{{a}}}{{{b}}}}}"
-            )
-        elif kind == 2:
-            role = rng.choice(["solver", "verifier", "proposer", "aggregator"])
-            words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 20)))
-            out.append(
-                f"{IM_START}system\nYou are the {role}.{IM_END}\n{IM_START}user\n{words}?{IM_END}\n"
-                f"{IM_START}assistant\n{words.capitalize()}. \\boxed{{{a}}}{IM_END}\n"
-            )
-        elif kind == 3:
-            words = [
-                rng.choice(_WORDS) if rng.random() < 0.6 else _pseudo_word(rng)
-                for _ in range(rng.randint(8, 30))
-            ]
-            if rng.random() < 0.5:
-                words.insert(rng.randrange(len(words)), rng.choice(_UNICODE))
-            sep = rng.choice([" ", "  ", "\n", "\n\n", "\t", ", "])
-            out.append(sep.join(words) + rng.choice([".", "!", "?", ":", ";"]))
-        else:
-            out.append(
-                f"Step 1: {a} {sym} {b} = {fn(a, b)}\nStep 2: {fn(a, b)} + {b} = {fn(a, b) + b}\n"
-                f"Answer: {fn(a, b) + b}{EOS_TOKEN}"
-            )
-    return out
 
 
 # -------------------------------------------------------------------------------------------- tokenizer
@@ -299,14 +179,14 @@ def init_tiny(
     seed: int = 0,
     corpus: Sequence[str] | None = None,
     vocab_size: int = 4096,
-    family: str = "math",
+    domain: str = "math",
 ) -> TinyModelInfo:
     """Write a randomly initialised causal LM and a locally trained tokenizer to ``out_dir``.
 
     Deterministic for ``(size, arch, seed, corpus, vocab_size)``: the same weights and the same
     ``tokenizer.json`` (their sha256 are in the returned info and ``srpo_tiny.json``). ``corpus=None``
-    trains on :func:`default_corpus` of ``family`` (the same text for every seed). Files are written to a temporary directory
-    beside ``out_dir`` and moved in with ``os.replace``, so a reader never sees a half-written file.
+    trains on :func:`agents.corpus.default_corpus` of ``domain`` (the same text for every seed). Files are
+    written to a temporary directory beside ``out_dir`` and moved in with ``os.replace``, so a reader never sees a half-written file.
     """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -317,7 +197,7 @@ def init_tiny(
     out = Path(out_dir)
     # The default corpus does not depend on ``seed``: models of different seeds share one tokenizer, so
     # their rollouts and checkpoints are interchangeable at the token level.
-    texts = list(corpus) if corpus is not None else default_corpus(seed=0, family=family)
+    texts = list(corpus) if corpus is not None else default_corpus(seed=0, domain=domain)
     if not texts:
         raise ValueError("corpus is empty")
     tok = train_tokenizer(texts, vocab_size=vocab_size)

@@ -1,13 +1,25 @@
-"""Load test of the retrieval server: N requests from C concurrent clients, latency percentiles and q/s.
+"""Load test of the retrieval server: latency percentiles and throughput before/after dynamic batching.
 
-Starts ``srpo_envs.cli serve-retriever`` as a separate process on loopback (so client threads and
-the server do not share a GIL), fires ``--requests`` POST /retrieve calls from ``--clients``
-threads (one httpx client each), and prints p50/p90/p99 latency, throughput and the error count.
-Bounded in count and time: it stops issuing requests after ``--max-seconds`` whatever is left.
-Exit status 1 if any request failed.
+Starts the server as a separate process on loopback (so client threads and the server do not share
+a GIL), fires ``--requests`` POST /retrieve calls from ``--clients`` threads (one httpx client each),
+and prints p50/p90/p99 latency, req/s and q/s and the error count for each server variant:
+
+* ``after``  - the server as shipped: one search thread drains concurrent requests into one
+  backend call (``create_app(batching=True)``);
+* ``before`` - the old path: each request its own backend call on a pool of ``--max-concurrency``
+  threads (``batching=False``; BM25 now serialises those calls on its JVM lock, as a plain lock would);
+* ``before-src`` - optional, ``--before-src DIR``: the ``serve-retriever`` of another checkout
+  (e.g. ``git archive <rev> | tar -x -C DIR``), to measure the code before the fix as it was.
+
+It also calls the backend directly in-process on the same queries - one query per call, and
+``--clients`` queries per call - and prints the server's q/s as a ratio of that (the target is
+>= 0.8x with 16+ clients at one query per request). Bounded in count and time: it stops issuing
+requests after ``--max-seconds`` whatever is left. Exit status 1 if any request failed.
 
     python -m benchmarks.bench_server                      # 2,000 requests, 16 clients, BM25, bundled corpus
-    python -m benchmarks.bench_server --url http://host:8000  # against a server you started
+    python -m benchmarks.bench_server --modes after --url http://host:8000  # against a server you started
+    git archive HEAD~1 | (mkdir -p /tmp/old && tar -x -C /tmp/old)
+    python -m benchmarks.bench_server --before-src /tmp/old
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -41,26 +54,35 @@ def running_server(
     corpus: str | None = None,
     max_concurrency: int = 4,
     ready_timeout: float = 600.0,
+    *,
+    batching: bool = True,
+    src: str | None = None,
 ) -> Iterator[str]:
-    """Start ``serve-retriever`` in a child process, yield its base URL once /health answers, stop it."""
+    """Start a server in a child process, yield its base URL once /health answers, stop it.
+
+    ``src``: run ``serve-retriever`` from that source tree (put first on ``PYTHONPATH``) instead
+    of this one; ``batching`` then does not apply (that tree's server does what it does).
+    """
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "srpo_envs.cli",
-        "serve-retriever",
-        "--backend",
-        backend,
-        "--port",
-        str(port),
-    ]
-    cmd += ["--max-concurrency", str(max_concurrency), "--log-level", "warning"]
-    if cache_dir:
-        cmd += ["--cache-dir", cache_dir]
-    if corpus:
-        cmd += ["--corpus", corpus]
+    env = dict(os.environ)
+    if src is not None:
+        cmd = [sys.executable, "-m", "srpo_envs.cli", "serve-retriever", "--backend", backend]
+        cmd += ["--port", str(port), "--max-concurrency", str(max_concurrency), "--log-level", "warning"]
+        if cache_dir:
+            cmd += ["--cache-dir", cache_dir]
+        if corpus:
+            cmd += ["--corpus", corpus]
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), env.get("PYTHONPATH", "")])
+    else:
+        cmd = [sys.executable, "-m", "benchmarks.bench_server", "--serve", "--backend", backend]
+        cmd += ["--port", str(port), "--max-concurrency", str(max_concurrency)]
+        cmd += ["--batching" if batching else "--no-batching"]
+        if cache_dir:
+            cmd += ["--cache-dir", cache_dir]
+        if corpus:
+            cmd += ["--corpus", corpus]
     log = tempfile.NamedTemporaryFile(prefix="srpo-server-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=src)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_timeout
@@ -85,6 +107,55 @@ def running_server(
             proc.wait()
         log.close()
         os.unlink(log.name)
+
+
+def _make_backend(backend: str, corpus: str | None, cache_dir: str | None) -> Any:
+    from srpo_envs.retrievers import make_retriever
+    from srpo_envs.tasks.search_data import bundled_corpus_path
+
+    return make_retriever(backend, corpus or bundled_corpus_path(cache_dir), cache_dir=cache_dir)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """The child process of :func:`running_server`: this tree's server with or without batching."""
+    from srpo_envs.retrievers.server import serve
+
+    retriever = _make_backend(args.backend, args.corpus, args.cache_dir)
+    try:
+        serve(
+            retriever,
+            "127.0.0.1",
+            args.port,
+            max_concurrency=args.max_concurrency,
+            max_pending=max(256, args.max_concurrency),
+            log_level="warning",
+            batching=args.batching,
+        )
+    finally:
+        retriever.close()
+    return 0
+
+
+def direct_qps(
+    backend: str, corpus: str | None, cache_dir: str | None, queries: list[str], n: int, topk: int, batch: int
+) -> dict[str, float]:
+    """q/s of calling the backend in-process: one query per call, and ``batch`` queries per call."""
+    retriever = _make_backend(backend, corpus, cache_dir)
+    try:
+        qs = [queries[i % len(queries)] for i in range(n)]
+        for q in qs[:50]:  # warm-up (JIT, page cache)
+            retriever.search([q], topk)
+        t0 = time.perf_counter()
+        for q in qs:
+            retriever.search([q], topk)
+        single = n / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for i in range(0, n, batch):
+            retriever.search(qs[i : i + batch], topk)
+        batched = n / (time.perf_counter() - t0)
+    finally:
+        retriever.close()
+    return {"single": single, "batched": batched}
 
 
 def sample_queries() -> list[str]:
@@ -157,7 +228,7 @@ def load_test(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", help="use a running server instead of starting one")
+    ap.add_argument("--url", help="use a running server instead of starting one (only the 'after' row)")
     ap.add_argument("--backend", default="bm25", choices=["bm25", "dense"])
     ap.add_argument("--corpus", help="corpus JSONL (default: bundled)")
     ap.add_argument("--cache-dir")
@@ -165,35 +236,96 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--topk", type=int, default=3)
     ap.add_argument("--queries-per-request", type=int, default=1)
-    ap.add_argument("--max-concurrency", type=int, default=4, help="server-side backend concurrency")
+    ap.add_argument("--max-concurrency", type=int, default=16, help="server: requests searched at once")
     ap.add_argument("--max-seconds", type=float, default=120.0, help="hard stop for issuing requests")
+    ap.add_argument(
+        "--modes", default="before,after", help="comma list of server variants: before, after, before-src"
+    )
+    ap.add_argument("--before-src", help="source tree of the code before the fix (adds a before-src row)")
+    ap.add_argument("--no-direct", action="store_true", help="skip the in-process direct-backend baseline")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # child-process mode
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve:
+        return _serve(args)
 
+    modes = [m for m in args.modes.split(",") if m]
+    if args.before_src and "before-src" not in modes:
+        modes.insert(0, "before-src")
+    unknown = set(modes) - {"before", "after", "before-src"}
+    if unknown or ("before-src" in modes and not args.before_src):
+        ap.error(f"bad --modes {args.modes!r} (before-src needs --before-src DIR)")
     queries = sample_queries()
-    ctx = (
-        contextlib.nullcontext(args.url)
-        if args.url
-        else running_server(args.backend, args.cache_dir, args.corpus, args.max_concurrency)
-    )
-    t_start = time.perf_counter()
-    with ctx as url:
-        print(f"server ready at {url} after {time.perf_counter() - t_start:.1f}s ({args.backend})")
-        load_test(
-            url, queries, min(50, args.requests), args.clients, args.topk, args.queries_per_request, 30
-        )  # warm-up
-        r = load_test(
-            url, queries, args.requests, args.clients, args.topk, args.queries_per_request, args.max_seconds
-        )
     print(
-        f"{r['requests_ok']} ok / {r['errors']} errors / {r['not_sent']} not sent (time limit) | "
         f"{args.clients} clients, topk={args.topk}, {args.queries_per_request} query/request, "
-        f"server max_concurrency={args.max_concurrency}, {os.cpu_count()} CPUs"
+        f"{args.requests} requests, server max_concurrency={args.max_concurrency}, {os.cpu_count()} CPUs"
     )
-    print(
-        f"latency p50 {r['p50_ms']:.1f} ms  p90 {r['p90_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  max {r['max_ms']:.1f} ms"
-    )
-    print(f"throughput {r['req_per_s']:.0f} req/s = {r['queries_per_s']:.0f} q/s over {r['wall_s']:.1f}s")
-    return 1 if r["errors"] else 0
+    direct: dict[str, float] = {}
+    if not args.no_direct and not args.url:
+        n = min(args.requests * args.queries_per_request, 4000)
+        direct = direct_qps(
+            args.backend,
+            args.corpus,
+            args.cache_dir,
+            queries,
+            n,
+            args.topk,
+            args.clients * args.queries_per_request,
+        )
+        print(
+            f"direct {args.backend} in-process: {direct['single']:.0f} q/s one query per call, "
+            f"{direct['batched']:.0f} q/s {args.clients * args.queries_per_request} queries per call"
+        )
+    failed = False
+    for mode in modes:
+        if args.url:
+            ctx: contextlib.AbstractContextManager[str] = contextlib.nullcontext(args.url)
+        else:
+            ctx = running_server(
+                args.backend,
+                args.cache_dir,
+                args.corpus,
+                args.max_concurrency,
+                batching=mode == "after",
+                src=args.before_src if mode == "before-src" else None,
+            )
+        t_start = time.perf_counter()
+        with ctx as url:
+            ready = time.perf_counter() - t_start
+            load_test(
+                url, queries, min(50, args.requests), args.clients, args.topk, args.queries_per_request, 30
+            )  # warm-up
+            r = load_test(
+                url,
+                queries,
+                args.requests,
+                args.clients,
+                args.topk,
+                args.queries_per_request,
+                args.max_seconds,
+            )
+            health = httpx.get(f"{url}/health", timeout=10.0).json()
+        ratio = ""
+        if direct:
+            ratio = (
+                f" | {r['queries_per_s'] / direct['single']:.2f}x direct one-per-call, "
+                f"{r['queries_per_s'] / direct['batched']:.2f}x direct batched"
+            )
+        print(
+            f"{mode:>10}: p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms  max {r['max_ms']:6.1f} ms | "
+            f"{r['req_per_s']:5.0f} req/s {r['queries_per_s']:5.0f} q/s | {r['requests_ok']} ok "
+            f"{r['errors']} errors {r['not_sent']} not sent | ready in {ready:.1f}s{ratio}"
+        )
+        if health.get("batches"):
+            print(
+                f"{'':>10}  {health['served'] / health['batches']:.1f} requests per backend call on average "
+                f"(largest {health['largest_batch']}), warm-up included"
+            )
+        failed |= mode == "after" and bool(r["errors"])  # "before" rows may fail: that is the bug
+        if args.url:
+            break
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

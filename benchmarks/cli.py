@@ -8,18 +8,24 @@ table and writes ``eval.json`` (summary + everything needed to reproduce), the p
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(help="Benchmarks: evaluate models on the benchmark suites.", no_args_is_help=True)
+from benchmarks.presets import (  # noqa: F401  (re-exported: the presets' old home)
+    BUNDLED_COLUMNS_MODEL,
+    BUNDLED_MODEL,
+    BUNDLED_SEARCH_MODEL,
+    COMPARE_DEFAULTS,
+    QUICK_SETTINGS,
+    QUICK_TRAIN,
+    TRAINING_ENVS,
+    TrainingEnv,
+)
+from srpo_common import parse_kv, weights_sha256
 
-#: Files whose bytes are the weights (hashed for provenance and for the eval cache key).
-WEIGHT_PATTERNS: tuple[str, ...] = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+app = typer.Typer(help="Benchmarks: evaluate models on the benchmark suites.", no_args_is_help=True)
 
 
 @app.callback()
@@ -27,50 +33,54 @@ def bench() -> None:
     """Benchmarks: evaluate models on the benchmark suites (a callback keeps this a command group)."""
 
 
-def weights_sha256(model_dir: str | Path) -> str | None:
-    """sha256 of a model directory's weights: of the file if there is one, else of the sorted
-    ``name:sha256`` lines of all weight files (shards); ``None`` when there are no weight files."""
-    from leaderboards.schema import sha256_file
-
-    root = Path(model_dir)
-    if not root.is_dir():
-        return None
-    files = sorted({p for pat in WEIGHT_PATTERNS for p in root.glob(pat) if p.is_file()})
-    if not files:
-        return None
-    if len(files) == 1:
-        return sha256_file(files[0])
-    lines = "".join(f"{p.name}:{sha256_file(p)}\n" for p in files)
-    return hashlib.sha256(lines.encode()).hexdigest()
-
-
 def _parse_env_kwargs(items: list[str] | None) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs; VALUE is parsed as JSON when it can be (numbers, booleans), else a string."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise typer.BadParameter(f"--env-kwarg must be KEY=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out
+    """``--env-kwarg KEY=VALUE`` pairs (:func:`srpo_common.parse_kv`) as a usage error when malformed."""
+    try:
+        return parse_kv(items, option="--env-kwarg")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 @app.command("eval")
 def eval_cmd(
-    model: Annotated[Path, typer.Option("--model", help="Model directory (transformers format).")],
-    suite: Annotated[str, typer.Option(help="Suite: math, search, quick-math, quick-search.")] = "quick-math",
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model", help="Model directory (transformers format) or hub id owner/name (cached, or downloaded)."
+        ),
+    ],
+    suite: Annotated[
+        str,
+        typer.Option(
+            help="Suite: math, math-routed, search, search-routed, quick-math, quick-columns, "
+            "quick-columns-routed, quick-search."
+        ),
+    ] = "quick-math",
     workflow: Annotated[
         str | None, typer.Option(help="Env workflow (default: the suite's, e.g. proposers-aggregator).")
     ] = None,
-    k: Annotated[int, typer.Option("--k", min=1, help="Samples per problem (Avg@k, pass@k).")] = 4,
+    k: Annotated[
+        int | None,
+        typer.Option("--k", min=1, help="Samples per problem (Avg@k, pass@k); default: the suite's (16 for math)."),
+    ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="At most N problems per dataset.")] = None,
     out: Annotated[
         Path | None, typer.Option(help="Output directory (default: MODEL/eval/<suite>-<workflow>-k<k>).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Run seed (sampling seeds derive from it).")] = 0,
+    seeds: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated seeds (overrides --seed): one eval each, then ± and CIs over them."),
+    ] = None,
+    method: Annotated[
+        str | None, typer.Option(help="Row name in paper tables (default: --algorithm, else MODEL's name).")
+    ] = None,
+    index: Annotated[
+        Path | None, typer.Option(help="Search suites: a `srpo index build` directory to retrieve from.")
+    ] = None,
+    retriever_url: Annotated[
+        str | None, typer.Option(help="Search suites: a Search-R1-compatible /retrieve server URL.")
+    ] = None,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (<= 0: greedy).")] = 1.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per response.")] = 256,
@@ -110,9 +120,35 @@ def eval_cmd(
                 f"{workflow!r} does not apply to dataset {ds.name!r}; choose one of {', '.join(ds.workflows)}",
                 param_hint="--workflow",
             )
-    if not model.is_dir():
-        raise typer.BadParameter(f"{model} is not a directory", param_hint="--model")
-    out_dir = out if out is not None else model / "eval" / f"{the_suite.name}-{workflow}-k{k}"
+    from benchmarks.model_source import ModelNotAvailable, resolve_model
+
+    try:
+        model_dir = resolve_model(model)
+    except ModelNotAvailable as exc:
+        raise typer.BadParameter(str(exc), param_hint="--model") from None
+    k = k if k is not None else the_suite.default_k
+    seed_list = _seeds(seeds) if seeds is not None else [seed]
+    if not seed_list or len(set(seed_list)) != len(seed_list):
+        raise typer.BadParameter(f"--seeds must be distinct integers, got {seeds!r}", param_hint="--seeds")
+    extra_env = _parse_env_kwargs(env_kwarg)
+    if index is not None or retriever_url is not None:
+        if any(ds.family != "search" for ds in the_suite.datasets):
+            raise typer.BadParameter("--index/--retriever-url apply to search suites only")
+        if index is not None and retriever_url is not None:
+            raise typer.BadParameter("pass --index or --retriever-url, not both")
+        if index is not None:
+            from srpo_envs.index_build import read_manifest
+
+            try:
+                read_manifest(index)
+            except (FileNotFoundError, ValueError) as exc:
+                raise typer.BadParameter(str(exc), param_hint="--index") from None
+            extra_env["index"] = str(index.resolve())
+        else:
+            extra_env["retriever_url"] = retriever_url
+    local = Path(model).expanduser().is_dir()
+    base = model_dir if local else Path("runs") / model.replace("/", "--")
+    out_dir = out if out is not None else base / "eval" / f"{the_suite.name}-{workflow}-k{k}"
     try:
         sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     except ValueError as exc:
@@ -120,78 +156,58 @@ def eval_cmd(
 
     from agents.hf import HFPolicy  # lazy: torch/transformers load only when a model is evaluated
 
-    weights = weights_sha256(model)
-    policy = HFPolicy(str(model), device=device)
-    result = evaluate(
-        PolicyMap.shared(policy),
-        the_suite,
-        workflow,
-        k,
-        sampling=sampling,
-        limit=limit,
-        seed=seed,
-        cache_dir=None if no_cache else (cache_dir or out_dir / "cache"),
-        env_kwargs=_parse_env_kwargs(env_kwarg),
-        progress=progress,
-        chunk_size=chunk_size,
-        datasets=datasets,
-        cache_key=weights or str(model.resolve()),
-    )
-    result.run_info["model"] = {"path": str(model.resolve()), "weights_sha256": weights, "device": device}
-    print_table(result)
-    paths = result.save(out_dir)
-    typer.echo(f"wrote {paths['json']}")
-    typer.echo(f"wrote {paths['parquet']} and {paths['csv']}")
-    if algorithm is not None:
-        from benchmarks.report import atomic_write_text
-        from leaderboards.schema import dump_record_json
+    weights = weights_sha256(model_dir)
+    policy = HFPolicy(str(model_dir), device=device)
+    name = method or algorithm or (model_dir.resolve().name if local else model)
+    results = []
+    for run_seed in seed_list:
+        seed_dir = out_dir if len(seed_list) == 1 else out_dir / f"seed{run_seed}"
+        result = evaluate(
+            PolicyMap.shared(policy),
+            the_suite,
+            workflow,
+            k,
+            sampling=sampling,
+            limit=limit,
+            seed=run_seed,
+            cache_dir=None if no_cache else (cache_dir or out_dir / "cache"),
+            env_kwargs=extra_env,
+            progress=progress,
+            chunk_size=chunk_size,
+            datasets=datasets,
+            cache_key=weights or str(model_dir.resolve()),
+        )
+        result.run_info["model"] = {"path": str(model_dir.resolve()), "weights_sha256": weights, "device": device}
+        result.run_info["method"] = name
+        print_table(result)
+        if workflow == "routed":
+            typer.echo(f"team size K per attempt (counts):\n{result.k_histogram().to_string()}")
+        paths = result.save(seed_dir)
+        typer.echo(f"wrote {paths['json']}")
+        typer.echo(f"wrote {paths['parquet']} and {paths['csv']}")
+        if "k_histogram" in paths:
+            typer.echo(f"wrote {paths['k_histogram']}")
+        results.append(result)
+    if len(results) > 1:
+        from benchmarks.paper import paper_tables, run_from_result, write_paper
 
-        record = result.to_record(
-            algorithm, model_id=model_id or model.resolve().name, weights_sha256=weights
+        runs = [run_from_result(r, name) for r in results]
+        pt = paper_tables(runs)
+        typer.echo(pt.markdown())
+        for kind, path in write_paper(pt, out_dir, runs).items():
+            typer.echo(f"wrote {kind}: {path}")
+        if algorithm is not None:
+            typer.echo("a leaderboard record holds one seed: writing it for the first seed only")
+            result = results[0]
+    if algorithm is not None:
+        from leaderboards.schema import dump_record_json
+        from srpo_common import atomic_write_text
+
+        record = result.to_record(  # the per-sample evidence goes to OUT/samples/<sha256>.jsonl
+            algorithm, model_id=model_id or model_dir.resolve().name, weights_sha256=weights, evidence_dir=out_dir
         )
         path = atomic_write_text(out_dir / "record.json", dump_record_json(record))
         typer.echo(f"wrote {path} ({record.short_hash})")
-
-
-_CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
-#: Where ``srpo bench quick`` looks for shipped warm-started tiny models before building them.
-BUNDLED_MODEL = _CHECKPOINTS / "mini-sft"
-BUNDLED_SEARCH_MODEL = _CHECKPOINTS / "mini-search-sft"
-BUNDLED_COLUMNS_MODEL = _CHECKPOINTS / "mini-columns-sft"
-
-
-@dataclass(frozen=True)
-class TrainingEnv:
-    """Where a CPU-scale suite's RL runs train: the env, its workflow and train-split kwargs."""
-
-    env_id: str
-    workflow: str
-    env_kwargs: dict[str, Any]
-    bundled_model: Path  # the shipped warm start for this env family
-    family: str  # ``srpo model sft --family`` that rebuilds it
-
-
-#: Suites ``bench compare``/``ablation``/``quick`` can train on (evaluation is on the suite's test split).
-TRAINING_ENVS: dict[str, TrainingEnv] = {
-    "quick-math": TrainingEnv(
-        "ProcArith-v0",
-        "proposers-aggregator",
-        # balanced: all 111 one-operation train problems and as many two-operation ones (the mix every
-        # measurement in the README used; without the cap the mix is 111 + 512, mostly problems the
-        # warm start solves 40% of the time, and 10 SRPO iterations lose ~0.05 held-out, not ~0.02)
-        {"difficulty": [1, 2], "max_operand": 9, "dataset_size": 111},
-        BUNDLED_MODEL,
-        "math",
-    ),
-    "quick-columns": TrainingEnv(
-        "ProcArith-v0",
-        "proposers-aggregator",
-        {"dataset": "procedural-columns", "difficulty": [2, 3]},
-        BUNDLED_COLUMNS_MODEL,
-        "columns",
-    ),
-    "quick-search": TrainingEnv("MultiTurnSearch-v0", "parallel", {}, BUNDLED_SEARCH_MODEL, "search"),
-}
 
 
 def _training_env(suite: str) -> TrainingEnv:
@@ -249,37 +265,6 @@ def _run_compare(
     return result
 
 
-#: RL settings of the CPU-scale runs: one on-policy minibatch per iteration, a small learning rate
-#: (larger ones destabilised the 2.4M-parameter warm start in our runs).
-QUICK_TRAIN: dict[str, Any] = {
-    "tasks_per_iter": 8,
-    "group_size": 4,
-    "epochs": 1,
-    "rows_per_batch": 256,
-    "lr": 3e-5,
-}
-
-
-#: Per-suite RL settings and eval k of ``bench quick`` (the whole job: ~15 min on 2 cores, 922 s measured).
-QUICK_SETTINGS: dict[str, dict[str, Any]] = {
-    # larger batches, one optimizer step each, lr 1e-4: what the 3-seed quick-columns comparison used
-    "quick-columns": {
-        "train": {
-            **QUICK_TRAIN,
-            "iterations": 5,
-            "tasks_per_iter": 16,
-            "group_size": 8,
-            "rows_per_batch": 1024,
-            "lr": 1e-4,
-        },
-        "eval_k": 2,
-    },
-    "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2},
-    # search episodes run up to 4 events with long prompts (MAPPO's critic reads them too): fewer iterations
-    "quick-search": {"train": {**QUICK_TRAIN, "iterations": 8}, "eval_k": 2},
-}
-
-
 def _train_overrides(iterations: int, tasks_per_iter: int, group_size: int, lr: float) -> dict[str, Any]:
     return {
         **QUICK_TRAIN,
@@ -299,13 +284,13 @@ def compare_cmd(
     model: Path = typer.Option(..., help="warm-started model directory"),
     out: Path = typer.Option(Path("runs/compare"), help="output directory"),
     algos: str = typer.Option("srpo,grpo,mappo", help="comma-separated algorithms"),
-    seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
+    seeds: str = typer.Option(COMPARE_DEFAULTS["seeds"], help="comma-separated seeds"),
     suite: str = "quick-math",
-    iterations: int = 10,
+    iterations: int = COMPARE_DEFAULTS["iterations"],
     tasks_per_iter: int = QUICK_TRAIN["tasks_per_iter"],
     group_size: int = QUICK_TRAIN["group_size"],
-    eval_k: int = 2,
-    eval_limit: int = 32,
+    eval_k: int = COMPARE_DEFAULTS["eval_k"],
+    eval_limit: int = COMPARE_DEFAULTS["eval_limit"],
     lr: float = QUICK_TRAIN["lr"],
     rows_per_batch: int = typer.Option(
         QUICK_TRAIN["rows_per_batch"],
@@ -313,7 +298,7 @@ def compare_cmd(
     ),
 ) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy."""
-    from benchmarks.compare import ALGORITHMS
+    from benchmarks.presets import ALGORITHMS
 
     names = [a.strip() for a in algos.split(",") if a.strip()]
     unknown = [a for a in names if a not in ALGORITHMS]
@@ -337,14 +322,14 @@ def compare_cmd(
 def ablation_cmd(
     model: Path = typer.Option(..., help="warm-started model directory"),
     out: Path = typer.Option(Path("runs/ablation"), help="output directory"),
-    seeds: str = "0,1",
-    iterations: int = 10,
-    eval_k: int = 2,
-    eval_limit: int = 32,
+    seeds: str = COMPARE_DEFAULTS["ablation_seeds"],
+    iterations: int = COMPARE_DEFAULTS["iterations"],
+    eval_k: int = COMPARE_DEFAULTS["eval_k"],
+    eval_limit: int = COMPARE_DEFAULTS["eval_limit"],
     lr: float = QUICK_TRAIN["lr"],
 ) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1."""
-    from benchmarks.compare import ABLATIONS
+    from benchmarks.presets import ABLATIONS
 
     train = _train_overrides(iterations, QUICK_TRAIN["tasks_per_iter"], QUICK_TRAIN["group_size"], lr)
     _run_compare(
@@ -382,7 +367,7 @@ def quick_cmd(
     """The main job: warm-started tiny models -> SRPO, GRPO, MAPPO per suite -> tables, records, page."""
     import time
 
-    from benchmarks.compare import ALGORITHMS
+    from benchmarks.presets import ALGORITHMS
 
     start = time.perf_counter()
     names = [x.strip() for x in suites.split(",") if x.strip()]
@@ -391,11 +376,11 @@ def quick_cmd(
     results: dict[str, Any] = {}
     for name in names:
         env = TRAINING_ENVS[name]
-        given = {"math": model, "columns": columns_model, "search": search_model}[env.family]
+        given = {"math": model, "columns": columns_model, "search": search_model}[env.recipe]
         warm = given or (
             env.bundled_model
             if (env.bundled_model / "config.json").exists()
-            else _build_model(out / f"model-{env.family}", env.family)
+            else _build_model(out / f"model-{env.recipe}", env.recipe)
         )
         typer.echo(f"{name}: warm start {warm}")
         settings = QUICK_SETTINGS[name]
@@ -421,10 +406,12 @@ def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     import pandas as pd
 
     from benchmarks.compare import write_records
-    from benchmarks.report import atomic_write_text, plot_learning_curves, to_markdown
+    from benchmarks.report import plot_learning_curves, to_markdown
+    from srpo_common import atomic_write_text
 
     records = [r for res in results.values() for r in res.records]
-    paths = write_records(out, records)
+    # each suite's evidence files sit in OUT/<suite>/samples/; results.json needs them in OUT/samples/
+    paths = write_records(out, records, sample_dirs=[out / name for name in results])
     md = "".join(f"## {name}\n\n{to_markdown(res.table)}\n\n" for name, res in results.items())
     paths["comparison_md"] = atomic_write_text(out / "comparison.md", md)
     curves = [res.curves.assign(variant=f"{name}/" + res.curves["variant"]) for name, res in results.items()]
@@ -442,9 +429,9 @@ def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     return paths
 
 
-def _build_model(out: Path, family: str = "math") -> Path:
-    """init-tiny + the shipped checkpoint's SFT recipe (``learners.sft.RECIPES``); 25-45 min on 2 cores."""
+def _build_model(out: Path, recipe: str = "math") -> Path:
+    """init-tiny + the shipped checkpoint's SFT recipe (``learners.presets.RECIPES``); 25-45 min on 2 cores."""
     from learners.sft import warm_start
 
-    warm_start(out, family, log=typer.echo)
+    warm_start(out, recipe, log=typer.echo)
     return out

@@ -10,7 +10,7 @@ differences are paired. Outputs under ``out_dir``:
 * ``results.json`` — one validated leaderboard record per variant (and one for the start model),
   ``leaderboard.md`` and ``leaderboard.html``.
 
-``ABLATIONS`` holds the built-in SRPO set-normalisation experiment (``sqrt``, ``sum``, ``mean`` and
+``benchmarks.presets.ABLATIONS`` holds the built-in SRPO set-normalisation experiment (``sqrt``, ``sum``, ``mean`` and
 K=1), runnable as ``srpo bench ablation``.
 """
 
@@ -28,21 +28,11 @@ import pandas as pd
 
 from agents.policy import PolicyMap, SamplingParams
 from benchmarks.evaluate import EvalResult, evaluate
-from benchmarks.report import atomic_write_text, format_mean_std, plot_learning_curves, to_markdown, write_csv
+from benchmarks.paper import paper_tables, run_from_result, write_paper
+from benchmarks.presets import ABLATIONS, ALGORITHMS  # noqa: F401  (ABLATIONS re-exported)
+from benchmarks.report import format_mean_std, plot_learning_curves, to_markdown, write_csv
 from learners.trainer import TrainConfig, Trainer
-
-#: Variant name -> TrainConfig overrides.
-ALGORITHMS: dict[str, dict[str, Any]] = {
-    "srpo": {"algo": "srpo"},
-    "grpo": {"algo": "grpo"},
-    "mappo": {"algo": "mappo"},
-}
-ABLATIONS: dict[str, dict[str, Any]] = {
-    "srpo-sqrt": {"algo": "srpo", "norm": "sqrt"},
-    "srpo-sum": {"algo": "srpo", "norm": "sum"},
-    "srpo-mean": {"algo": "srpo", "norm": "mean"},
-    "srpo-k1": {"algo": "srpo", "norm": "k1"},
-}
+from srpo_common import atomic_write_text, weights_sha256
 
 
 @dataclass
@@ -73,15 +63,36 @@ class ComparisonResult:
     paths: dict[str, Path]
 
 
+#: Row name of the starting model in tables.
+START_LABEL = "start (SFT)"
+
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+
+
+def _weights_key(policies: PolicyMap) -> str:
+    """sha256 over every distinct policy's parameters (names, dtypes, shapes, bytes), in memory."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    seen: set[int] = set()
+    for policy in policies.policies:
+        model = getattr(policy, "model", None)
+        if model is None or id(model) in seen:
+            continue
+        seen.add(id(model))
+        for key, tensor in sorted(model.state_dict().items()):
+            t = tensor.detach().to("cpu").contiguous()
+            h.update(f"{key}|{t.dtype}|{tuple(t.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 def _macro_accuracy(result: EvalResult) -> float:
     return float(result.macro["avg@k"])
-
-
-def _weights_sha256(model_dir: str) -> str | None:
-    from leaderboards.schema import sha256_file
-
-    path = Path(model_dir) / "model.safetensors"
-    return sha256_file(path) if path.exists() else None
 
 
 def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print) -> ComparisonResult:
@@ -94,8 +105,10 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     env_kwargs = {"workflow": cfg.workflow, **cfg.env_kwargs}
 
-    def run_eval(policies: PolicyMap, seed: int) -> EvalResult:
-        return evaluate(
+    def run_eval(policies: PolicyMap, seed: int, label: str) -> EvalResult:
+        # cached per sample under OUT/cache, keyed by the weights actually evaluated (a trained
+        # policy has no file to hash, so its parameters are hashed in memory): a rerun resumes
+        result = evaluate(
             policies,
             cfg.suite,
             cfg.workflow,
@@ -104,7 +117,12 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
             limit=cfg.eval_limit,
             seed=seed,
             progress=False,
+            cache_dir=out / "cache",
+            cache_key=_weights_key(policies),
         )
+        result.run_info["method"] = label
+        result.save(out / "evals" / _safe(label) / f"seed{seed}")
+        return result
 
     runs: list[dict[str, Any]] = []
     evals: dict[tuple[str, int], EvalResult] = {}
@@ -112,7 +130,7 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     start = HFPolicy(cfg.model)
     for seed in cfg.seeds:
         t0 = time.perf_counter()
-        evals[("start", seed)] = run_eval(PolicyMap.shared(start), seed)
+        evals[("start", seed)] = run_eval(PolicyMap.shared(start), seed, START_LABEL)
         say(
             f"start model, eval seed {seed}: {cfg.suite} avg@{cfg.eval_k} = "
             f"{_macro_accuracy(evals[('start', seed)]):.3f} ({time.perf_counter() - t0:.0f}s)"
@@ -135,7 +153,7 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
                 trainer.metrics_path.unlink()
             history = trainer.train()
             t1 = time.perf_counter()
-            result = run_eval(trainer.policies, seed)
+            result = run_eval(trainer.policies, seed, name)
             evals[(name, seed)] = result
             before, after = _macro_accuracy(evals[("start", seed)]), _macro_accuracy(result)
             runs.append(
@@ -165,6 +183,14 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     curves_df = pd.DataFrame(curves)
     table = _summary_table(cfg, runs_df, evals)
     paths = _write_outputs(cfg, out, table, runs_df, curves_df)
+    paper_runs = [
+        run_from_result(evals[(name, s)], START_LABEL if name == "start" else name, s)
+        for name in ["start", *cfg.variants]
+        for s in cfg.seeds
+    ]
+    paper = paper_tables(paper_runs)
+    say(paper.markdown())
+    paths.update({f"paper_{k}": v for k, v in write_paper(paper, out, paper_runs).items()})
     records = _records(cfg, evals)
     paths.update(write_records(out, records))
     return ComparisonResult(table, runs_df, curves_df, records, paths)
@@ -245,30 +271,30 @@ def _write_outputs(
 
 def _records(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) -> list[Any]:
     """One leaderboard record per variant: per-dataset metrics averaged over seeds."""
+    from benchmarks.evidence import record_evidence
     from leaderboards.schema import make_record
 
-    weights = _weights_sha256(cfg.model)
+    weights = weights_sha256(cfg.model)
     records = []
     for name in ["start", *cfg.variants]:
         results = [evals[(name, s)] for s in cfg.seeds]
-        per_seed = [r.record_metrics() for r in results]
-        metrics = {
-            ds: {m: float(np.mean([p[ds][m] for p in per_seed])) for m in per_seed[0][ds]}
-            for ds in per_seed[0]
-        }
+        # per-dataset metrics averaged over seeds, their ± over seeds, and the per-sample evidence file
+        # (OUT/samples/<sha256>.jsonl) that `srpo leaderboard validate` regrades
+        from_samples = record_evidence(results, Path(cfg.out_dir))
         info = results[0].run_info
         config = {"compare": asdict(cfg), "variant": cfg.variants.get(name, {"algo": "none"})}
         records.append(
             make_record(
                 suite=cfg.suite,
-                metrics=metrics,
                 k=cfg.eval_k,
-                seeds=list(cfg.seeds),
+                **from_samples,
                 algorithm=cfg.variants.get(name, {}).get("algo", "sft") if name != "start" else "sft",
                 workflow=cfg.workflow,
                 name=f"{name} ({Path(cfg.model).name})",
-                model_id=str(cfg.model) if weights is None else None,
-                weights_sha256=weights,
+                # trained variants were evaluated with in-memory weights (one set per seed, not saved):
+                # only the start model's record may name the weights file it was evaluated with
+                model_id=Path(cfg.model).name if name == "start" else f"{Path(cfg.model).name}+{name}",
+                weights_sha256=weights if name == "start" else None,
                 config=config,
                 dataset_sha256=info["dataset_sha256"],
                 version=info.get("package_version"),
@@ -278,10 +304,27 @@ def _records(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) ->
     return records
 
 
-def write_records(out: Path, records: Sequence[Any]) -> dict[str, Path]:
-    """``results.json`` (the records as one canonical-JSON list, written atomically) and the pages."""
+def write_records(out: Path, records: Sequence[Any], sample_dirs: Sequence[Path] = ()) -> dict[str, Path]:
+    """``results.json`` (the records as one canonical-JSON list, written atomically) and the pages.
+
+    Each record's evidence file must end up in ``out/samples/`` (where ``srpo leaderboard validate``
+    and ``reproduce`` look for it, beside results.json); it is copied there from ``sample_dirs``.
+    """
+    from leaderboards.evidence import samples_path
     from leaderboards.render import write_leaderboard
     from leaderboards.schema import canonical_json
+    from srpo_common import atomic_write_bytes
+
+    for rec in records:
+        if rec.evidence is None:
+            continue
+        target = samples_path(out, rec.evidence.samples_sha256)
+        sources = [samples_path(d, rec.evidence.samples_sha256) for d in sample_dirs]
+        source = next((src for src in sources if src.is_file()), None)
+        if not target.is_file() and source is not None:
+            atomic_write_bytes(target, source.read_bytes())
+        if not target.is_file():
+            raise FileNotFoundError(f"evidence file of record {rec.name!r} not found: {target}")
 
     payload = "[\n" + ",\n".join(canonical_json(r.model_dump(mode="json")) for r in records) + "\n]\n"
     paths = {"results": atomic_write_text(out / "results.json", payload)}

@@ -19,6 +19,12 @@ by the collector, never from the order work was done in.
 
 The cache cannot see weights that change in place without a version bump; pass ``cache_key``
 (the CLI passes the weights' sha256) when that can happen.
+
+A cached chunk is trusted only if it passes two checks: the sha256 of its bytes matches the
+``<chunk>.sha256`` file written beside it (an edit, a flipped byte or a truncated write), and every
+record is well-formed and consistent (``correct`` exactly when ``reward > 0``; integer, non-negative
+costs; the planned problem and sample). A chunk that fails is recomputed, a warning names it, and
+``run_info["runtime"]["chunks_rejected"]`` counts it: corruption costs time, never a wrong number.
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ import pandas as pd
 
 from agents.policy import Policy, PolicyMap, SamplingParams
 from benchmarks.metrics import macro_row, metrics_to_record_dict, per_dataset, validate_samples
-from benchmarks.report import atomic_write_bytes, atomic_write_text
 from benchmarks.suites import Suite, SuiteDataset, get_suite, task_fingerprint
+from leaderboards.evidence import reward_consistent
+from srpo_common import atomic_write_bytes, atomic_write_text
 
 if TYPE_CHECKING:
     from leaderboards.schema import LeaderboardRecord
@@ -61,7 +68,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Bump when the per-sample record layout or the chunk file layout changes (old caches are ignored).
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 #: Per-dataset metrics put into leaderboard records (``avg@k`` is renamed ``avg@<k>`` there).
 RECORD_METRICS: tuple[str, ...] = (
     "avg@k",
@@ -84,6 +91,9 @@ SAMPLE_RECORD_COLUMNS: tuple[str, ...] = (
     "event_types",
     "task_index",
     "episode_id",
+    "answer",
+    "inputs",
+    "inputs_truncated",
 )
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
@@ -128,13 +138,16 @@ class EvalResult:
         model_id: str | None = None,
         weights_sha256: str | None = None,
         name: str | None = None,
+        evidence_dir: str | Path | None = None,
         **kwargs: Any,
     ) -> LeaderboardRecord:
         """A validated, hashed :class:`leaderboards.schema.LeaderboardRecord` of this result.
 
         ``kwargs`` go to :func:`leaderboards.schema.make_record` (``date``, ``weights_path``,
         ``version``, ``commit``...). The record's macro is recomputed there as the plain mean over
-        datasets, which is what its validator checks.
+        datasets, which is what its validator checks. With ``evidence_dir`` the per-sample evidence
+        file is written under ``evidence_dir/samples/`` and the record points to it by sha256
+        (:func:`benchmarks.evidence.record_evidence`), so ``srpo leaderboard validate`` can regrade it.
         """
         from leaderboards.schema import make_record
 
@@ -143,11 +156,15 @@ class EvalResult:
         corpus = self.run_info.get("corpus") or {}
         kwargs.setdefault("version", self.run_info.get("package_version"))
         kwargs.setdefault("commit", self.run_info.get("git_commit"))
+        if evidence_dir is not None:
+            from benchmarks.evidence import record_evidence
+
+            kwargs.update(record_evidence([self], evidence_dir))
+        kwargs.setdefault("metrics", self.record_metrics())
+        kwargs.setdefault("seeds", [int(self.run_info["config"]["seed"])])
         return make_record(
             suite=self.suite,
-            metrics=self.record_metrics(),
             k=self.k,
-            seeds=[int(self.run_info["config"]["seed"])],
             algorithm=algorithm,
             workflow=self.workflow,
             name=name,
@@ -195,7 +212,24 @@ class EvalResult:
         paths["csv"] = atomic_write_text(
             out / f"{stem}_samples.csv", flat.to_csv(index=False, lineterminator="\n")
         )
+        if self.workflow == "routed":
+            from benchmarks.report import plot_k_histogram
+
+            values = {str(ds): grp["ks"].map(team_k).to_numpy() for ds, grp in self.samples.groupby("dataset")}
+            paths["k_histogram"] = plot_k_histogram(
+                values,
+                out / f"{stem}_k_histogram.png",
+                title=f"{self.suite}: team size K chosen by the router",
+                xlabel="K (proposers/searchers sent)",
+            )
         return paths
+
+    def k_histogram(self) -> pd.DataFrame:
+        """Counts of the team size K per dataset (rows) and K value (columns), from the samples."""
+        k = self.samples["ks"].map(team_k)
+        hist = pd.crosstab(self.samples["dataset"], k).reindex(list(self.table.index)).fillna(0)
+        hist.columns = [int(c) for c in hist.columns]
+        return hist.astype(int)
 
 
 def _parquet_bytes(df: pd.DataFrame) -> bytes:
@@ -249,6 +283,7 @@ def sample_records(
     if len(batch.episodes) != len(plan):
         raise RuntimeError(f"{dataset}: {len(batch.episodes)} episodes for {len(plan)} planned samples")
     out = []
+    events = getattr(batch, "events", None) or {}
     for (t, g), ep in zip(plan, batch.episodes, strict=True):
         if ep.task_id != tasks[t].id:
             raise RuntimeError(f"{dataset}: episode of task {ep.task_id!r} where {tasks[t].id!r} was planned")
@@ -266,9 +301,50 @@ def sample_records(
                 "event_types": [str(x) for x in ep.event_types],
                 "task_index": int(t),
                 "episode_id": str(ep.episode_id),
+                "answer": _final_answer(events.get(ep.episode_id, ())),
+                **_input_counts(events.get(ep.episode_id, ())),
             }
         )
     return out
+
+
+def _input_counts(events: Sequence[Any]) -> dict[str, int]:
+    """Texts one agent read from another in this episode, and how many the env's input limit cut
+    (``info["inputs"]`` / ``info["inputs_truncated"]``; 0/0 for envs that do not report them)."""
+    infos = [getattr(e, "info", None) or {} for e in events]
+    return {
+        "inputs": sum(int(i.get("inputs", 0)) for i in infos),
+        "inputs_truncated": sum(int(i.get("inputs_truncated", 0)) for i in infos),
+    }
+
+
+def team_k(ks: Sequence[int]) -> int:
+    """The team size of one episode: its largest event (the proposers/searchers the team sent)."""
+    return int(max(ks)) if len(ks) else 0
+
+
+def team_columns(samples: pd.DataFrame) -> pd.DataFrame:
+    """Per-dataset ``mean_k`` (team size per attempt) and ``trunc_rate`` (cut inputs / inputs; NaN
+    when no agent read another's text), beside accuracy in every eval table."""
+    rows = {}
+    for ds, grp in samples.groupby("dataset", sort=False, observed=True):
+        inputs = float(grp["inputs"].sum()) if "inputs" in grp else 0.0
+        cut = float(grp["inputs_truncated"].sum()) if "inputs_truncated" in grp else 0.0
+        rows[ds] = {
+            "mean_k": float(np.mean([team_k(list(v)) for v in grp["ks"]])),
+            "trunc_rate": cut / inputs if inputs else math.nan,
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _final_answer(events: Sequence[Any]) -> str | None:
+    """The answer the env graded: the last event that recorded one (``info["answer"]``), else None."""
+    for event in reversed(list(events)):
+        info = getattr(event, "info", None) or {}
+        if "answer" in info:
+            answer = info["answer"]
+            return None if answer is None else str(answer)
+    return None
 
 
 # ---------------------------------------------------------------------------------------- cache
@@ -299,20 +375,65 @@ def _policies_info(policies: PolicyMap) -> dict[str, Any]:
     return info
 
 
-def _load_chunk(path: Path, expected: set[tuple[str, int]]) -> list[dict] | None:
-    """A finished chunk's records, or ``None`` when missing/unreadable/not exactly the planned samples."""
+def _checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _write_chunk(path: Path, records: Sequence[dict]) -> None:
+    """The chunk, then its checksum: a crash in between leaves a chunk that fails its check (recomputed)."""
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode("utf-8")
+    atomic_write_bytes(path, data)
+    atomic_write_text(_checksum_path(path), hashlib.sha256(data).hexdigest() + "\n")
+
+
+def _record_problem(r: Any, costed: bool = False) -> str | None:
+    """Why a cached sample record cannot be trusted, or ``None`` when it is well-formed and consistent
+    (``costed``: the env charges a per-member cost, so a correct answer may earn a reward <= 0)."""
+    if not isinstance(r, dict) or set(r) != set(SAMPLE_RECORD_COLUMNS):
+        return "fields differ from the sample record layout"
+    ints = ("sample_idx", "team_tokens", "tool_calls", "turns", "task_index")
+    if any(isinstance(r[c], bool) or not isinstance(r[c], int) or r[c] < 0 for c in ints):
+        return f"one of {ints} is not a non-negative integer"
+    if not isinstance(r["correct"], bool):
+        return "correct is not a boolean"
+    reward = r["reward"]
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        return "reward is not a finite number"
+    if not reward_consistent(r["correct"], float(reward), costed):
+        return f"correct={r['correct']} contradicts reward={reward}"
+    if r["answer"] is not None and not isinstance(r["answer"], str):
+        return "answer is neither a string nor null"
+    if not isinstance(r["ks"], list) or not isinstance(r["event_types"], list):
+        return "ks/event_types are not lists"
+    return None
+
+
+def _load_chunk(
+    path: Path, expected: set[tuple[str, int]], costed: bool = False
+) -> tuple[list[dict] | None, str | None]:
+    """``(records, None)`` for a finished, intact chunk; ``(None, reason)`` for one that exists but
+    cannot be trusted; ``(None, None)`` when there is none yet."""
     if not path.is_file():
-        return None
+        return None, None
     try:
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        keys = {(str(r["problem_id"]), int(r["sample_idx"])) for r in records}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("ignoring unreadable cache chunk %s: %s", path, exc)
-        return None
+        data = path.read_bytes()
+        stored = _checksum_path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    if hashlib.sha256(data).hexdigest() != stored:
+        return None, "checksum mismatch (the file changed after it was written)"
+    try:
+        records = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+    except ValueError as exc:
+        return None, f"not JSON lines ({exc})"
+    for n, r in enumerate(records, start=1):
+        problem = _record_problem(r, costed)
+        if problem is not None:
+            return None, f"record {n}: {problem}"
+    keys = {(str(r["problem_id"]), int(r["sample_idx"])) for r in records}
     if keys != expected or len(records) != len(expected):
-        log.warning("ignoring cache chunk %s: it does not hold exactly the planned samples", path)
-        return None
-    return records
+        return None, "it does not hold exactly the planned samples"
+    return records, None
 
 
 def _dataset_seed(seed: int, name: str) -> int:
@@ -428,7 +549,7 @@ def evaluate(
     total = sum(len(tasks) for _, tasks in loaded) * k
     bar = _progress_bar(total, the_suite.name, progress)
     records: list[dict] = []
-    chunks_total = chunks_cached = 0
+    chunks_total = chunks_cached = chunks_rejected = 0
     try:
         for ds, tasks in loaded:
             collector: RolloutCollector | None = None
@@ -445,7 +566,10 @@ def evaluate(
                     content = _sha([task_fingerprint(tasks[t]) for t in indices])[:12]
                     name = f"chunk-{indices[0]:06d}-{indices[-1] + 1:06d}-{content}.jsonl"
                     path = run_dir / _UNSAFE.sub("_", ds.name) / name
-                    chunk = _load_chunk(path, expected)
+                    chunk, problem = _load_chunk(path, expected, bool(env_kwargs.get("member_cost")))
+                    if problem is not None:
+                        chunks_rejected += 1
+                        log.warning("cache chunk %s rejected, recomputing it: %s", path, problem)
                 if chunk is not None:
                     chunks_cached += 1
                 else:
@@ -455,8 +579,7 @@ def evaluate(
                     batch = collector.collect(indices, group_size=k, seed=ds_seed)
                     chunk = sample_records(ds.name, batch, plan, tasks)
                     if path is not None:
-                        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in chunk)
-                        atomic_write_text(path, text)
+                        _write_chunk(path, chunk)
                 records.extend(chunk)
                 correct += sum(bool(r["correct"]) for r in chunk)
                 done += len(chunk)
@@ -470,11 +593,13 @@ def evaluate(
     samples = validate_samples(pd.DataFrame.from_records(records, columns=list(SAMPLE_RECORD_COLUMNS)))
     for col in ("team_tokens", "tool_calls"):
         samples[col] = samples[col].astype(np.int64)
-    table = per_dataset(samples, ks=sorted({1, k})).reindex(list(the_suite.dataset_names))
+    table = per_dataset(samples, ks=sorted({1, k})).join(team_columns(samples))
+    table = table.reindex(list(the_suite.dataset_names))
     run_info["runtime"] = {
         "seconds": round(time.time() - started, 3),
         "chunks": chunks_total,
         "chunks_cached": chunks_cached,
+        "chunks_rejected": chunks_rejected,
     }
     return EvalResult(
         suite=the_suite.name,
@@ -557,15 +682,18 @@ def print_table(result: EvalResult, console: Any = None) -> Any:
     table = Table(
         title=f"{result.suite} / {result.workflow} / k={result.k}",
         caption="avg@k: mean accuracy over the k samples; pass@k: unbiased estimator; "
-        "utility: correct samples per 1M team tokens",
+        "utility: correct samples per 1M team tokens; mean K: team size per attempt; "
+        "trunc: share of agent-to-agent inputs cut by the env's input limit",
     )
-    table.add_column("dataset", style="bold")
+    table.add_column("dataset", style="bold", no_wrap=True)
     for name in (
         "problems",
         "avg@k",
         *(f"pass@{x}" for x in ks if x != 1),
         "tokens/problem",
         "tools/problem",
+        "mean K",
+        "trunc",
         "utility",
     ):
         table.add_column(name, justify="right")
@@ -574,6 +702,7 @@ def print_table(result: EvalResult, console: Any = None) -> Any:
         vals = [f"{int(row['n_problems'])}", _fmt(row["avg@k"], ".3f")]
         vals += [_fmt(row[f"pass@{x}"], ".3f") for x in ks if x != 1]
         vals += [_fmt(row["team_tokens_per_problem"], ".1f"), _fmt(row["tool_calls_per_problem"], ".2f")]
+        vals += [_fmt(row.get("mean_k", math.nan), ".2f"), _fmt(row.get("trunc_rate", math.nan), ".3f")]
         vals.append(_fmt(row["utility"], ".1f"))
         return vals
 

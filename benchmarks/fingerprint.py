@@ -73,7 +73,7 @@ def fingerprint(algo: str, model: str | Path = MODEL) -> dict[str, str]:
         "metrics": sha256_json(metrics),
         "weights": sha256_json(weights),
         "n_rows": str(len(rows)),
-        "loss": ",".join(f"{m.get('loss', float('nan')):.9g}" for m in metrics),
+        "loss": ",".join(f"{m.get('actor/loss', m.get('loss', float('nan'))):.9g}" for m in metrics),
     }
 
 

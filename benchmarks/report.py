@@ -3,7 +3,7 @@
 Markdown and LaTeX are rendered here rather than via ``DataFrame.to_markdown`` / ``to_latex`` because
 those need optional packages (tabulate, jinja2) that are not dependencies of srpo, and because the
 cell escaping must be right for text that comes from run configs. All files are written atomically
-(temp file in the same directory + ``os.replace``) so a crashed run never leaves half a table.
+(:mod:`srpo_common.io`) so a crashed run never leaves half a table.
 Matplotlib is imported lazily with the Agg backend, so importing this module needs no display.
 """
 
@@ -12,12 +12,13 @@ from __future__ import annotations
 import io
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from srpo_common import atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "atomic_write_bytes",
@@ -25,6 +26,7 @@ __all__ = [
     "format_mean_std",
     "plot_k_histogram",
     "plot_learning_curves",
+    "plot_suite_panels",
     "to_latex",
     "to_markdown",
     "write_csv",
@@ -32,28 +34,6 @@ __all__ = [
     "write_markdown",
     "write_tables",
 ]
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """UTF-8 text version of :func:`atomic_write_bytes` (``\\n`` line endings on every OS)."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def format_mean_std(mean: float, std: float, digits: int = 3) -> str:
@@ -251,6 +231,113 @@ def plot_learning_curves(
         ax.legend(title=hue, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     else:
         ax.legend(title=hue)
+    return _save_png(fig, path, dpi)
+
+
+def _mean_spread(values: pd.Series) -> tuple[float, float]:
+    """Mean and sample std (0 for one value) of a numeric series."""
+    vals = values.astype(float).to_numpy()
+    return float(vals.mean()), float(vals.std(ddof=1)) if vals.size > 1 else 0.0
+
+
+def plot_suite_panels(
+    curves: pd.DataFrame,
+    heldout: pd.DataFrame,
+    path: str | os.PathLike[str],
+    *,
+    suite: str = "suite",
+    hue: str = "variant",
+    seed_col: str = "seed",
+    x: str = "iteration",
+    metric: str = "train_accuracy",
+    title: str | None = None,
+    dpi: int = 120,
+) -> Path:
+    """Small multiples: one row per suite, its training curve beside its held-out before -> after.
+
+    Why not one axis: a main job trains several algorithms on several suites whose accuracies live on
+    different scales; nine overlapping series with wide bands on one axis show nothing. Here each
+    suite gets its own row (own y scale, shared by its two panels), each algorithm the same colour in
+    every row, and the held-out panel shows what the comparison is about: the mean over seeds before
+    and after RL with a ± std bar, joined by a line, and the paired delta in the legend.
+
+    ``curves``: long frame with ``suite, hue, seed, x, metric`` (training-rollout accuracy per
+    iteration; a ± std band over seeds). ``heldout``: one row per (suite, hue, seed) with ``before``
+    and ``after`` held-out accuracy. Either may lack a suite (its panel says so).
+    """
+    need = {
+        "curves": (curves, (suite, hue, seed_col, x, metric)),
+        "heldout": (heldout, (suite, hue, "before", "after")),
+    }
+    for name, (frame, cols) in need.items():
+        missing = [c for c in cols if c not in frame.columns]
+        if missing:
+            raise ValueError(f"plot_suite_panels: {name} lacks columns {missing}")
+    suites = list(dict.fromkeys([*curves[suite].tolist(), *heldout[suite].tolist()]))
+    if not suites:
+        raise ValueError("plot_suite_panels: no suites")
+    variants = list(dict.fromkeys([*curves[hue].tolist(), *heldout[hue].tolist()]))
+    plt = _pyplot()
+    colours = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
+    fig, axes = plt.subplots(
+        len(suites),
+        2,
+        figsize=(9.5, 2.6 * len(suites) + 0.4),
+        gridspec_kw={"width_ratios": [2.2, 1.0]},
+        sharey="row",
+        squeeze=False,
+    )
+    for row, name in enumerate(suites):
+        ax_c, ax_h = axes[row]
+        sub = curves[curves[suite] == name]
+        for v, grp in sub.groupby(hue, sort=False, observed=True):
+            stats = grp.groupby(x, sort=True)[metric].agg(["mean", "std"])
+            xs, mean = stats.index.to_numpy(), stats["mean"].to_numpy()
+            std = stats["std"].fillna(0.0).to_numpy()
+            ax_c.plot(xs, mean, color=colours[v], label=str(v))
+            ax_c.fill_between(xs, mean - std, mean + std, color=colours[v], alpha=0.15, linewidth=0)
+        if sub.empty:
+            ax_c.text(0.5, 0.5, "no training curve", ha="center", va="center", transform=ax_c.transAxes)
+        ax_c.set_title(f"{name}: training rollouts", fontsize="medium", loc="left")
+        ax_c.set_ylabel("accuracy")
+        ax_c.grid(True, alpha=0.3)
+        held = heldout[heldout[suite] == name]
+        n = max(held[hue].nunique(), 1)
+        for i, (v, grp) in enumerate(held.groupby(hue, sort=False, observed=True)):
+            off = (i - (n - 1) / 2) * 0.08
+            (b, b_sd), (a, a_sd) = _mean_spread(grp["before"]), _mean_spread(grp["after"])
+            d, d_sd = _mean_spread(grp["after"].astype(float) - grp["before"].astype(float))
+            label = f"{v}: {d:+.3f} ± {d_sd:.3f}"
+            ax_h.errorbar(
+                [off, 1 + off],
+                [b, a],
+                yerr=[b_sd, a_sd],
+                color=colours[v],
+                marker="o",
+                capsize=3,
+                label=label,
+            )
+        if held.empty:
+            ax_h.text(0.5, 0.5, "no held-out eval", ha="center", va="center", transform=ax_h.transAxes)
+        else:
+            ax_h.legend(
+                fontsize="x-small",
+                title="after - before",
+                title_fontsize="x-small",
+                loc="upper left",
+                bbox_to_anchor=(1.02, 1.0),
+                frameon=False,
+            )
+        ax_h.set_xticks([0, 1], ["before", "after"])
+        ax_h.set_xlim(-0.4, 1.4)
+        ax_h.set_title("held-out", fontsize="medium", loc="left")
+        ax_h.grid(True, axis="y", alpha=0.3)
+    axes[-1][0].set_xlabel(x)
+    handles = [plt.Line2D([], [], color=colours[v], label=str(v)) for v in variants]
+    axes[0][0].legend(handles=handles, fontsize="small", ncol=min(len(variants), 3), loc="best")
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
     return _save_png(fig, path, dpi)
 
 

@@ -13,7 +13,11 @@ Registered suites (:data:`SUITES`):
   a CPU-scale smoke benchmark a tiny model can move on;
 * ``quick-columns``: column addition (2 and 3 digits), test split: every held-out problem uses only
   facts training problems use, the suite where RL on training problems can move held-out accuracy;
-* ``quick-search``: the test questions of the procedural knowledge base (``dataset="kb"``).
+* ``quick-search``: the test questions of the procedural knowledge base (``dataset="kb"``);
+* routed variants ``math-routed``, ``search-routed`` and ``quick-columns-routed``: the same datasets,
+  run by default with the ``routed`` workflow (a router sends 1..n proposers/searchers) and a
+  per-member cost (:data:`ROUTED_MEMBER_COST`) in the team reward, so their tables report the chosen
+  K (mean and histogram) and team cost beside accuracy.
 
 Every dataset reports a sha256 for result provenance: the bytes of the bundled file for bundled
 sets, and for generated sets (procedural arithmetic, the KB) the canonical JSON of the evaluated
@@ -22,13 +26,13 @@ task ids, texts and answers, since there is no file to hash and the generator co
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from srpo_common import sha256_json
 
 __all__ = [
     "MATH_WORKFLOWS",
@@ -67,10 +71,7 @@ def task_fingerprint(task: Any) -> dict[str, Any]:
 
 def tasks_sha256(tasks: Sequence[Any]) -> str:
     """sha256 of the canonical JSON of the tasks' fingerprints (order matters: it is the eval order)."""
-    data = json.dumps(
-        [task_fingerprint(t) for t in tasks], sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
-    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+    return sha256_json([task_fingerprint(t) for t in tasks])
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,10 @@ class SuiteDataset:
         else:
             retriever_name = type(retriever).__name__
         corpus = kwargs.get("corpus")
+        if kwargs.get("index") is not None:
+            from srpo_envs.index_build import index_corpus_info
+
+            return index_corpus_info(kwargs["index"])
         if "retriever_url" in kwargs or retriever == "remote" or not isinstance(retriever, str):
             return {"retriever": retriever_name, "corpus": "external", "corpus_sha256": None}
         if corpus is not None:
@@ -263,38 +268,30 @@ class SuiteDataset:
 
 
 def _knowledge_base(seed: int, split: str) -> tuple[list[Any], list[Any]]:
-    """``(passages, tasks)`` of the procedural KB, whether ``make_knowledge_base`` returns that tuple
-    or a KB object with ``.passages`` and ``.tasks(split)``."""
+    """``(passages, tasks)`` of the procedural KB."""
     from srpo_envs.tasks.knowledge_base import make_knowledge_base
 
-    try:
-        kb = make_knowledge_base(seed=seed, split=split)
-    except TypeError:  # the object form takes no split
-        kb = make_knowledge_base(seed=seed)
-    if isinstance(kb, tuple):
-        passages, tasks = kb
-        return list(passages), list(tasks)
-    return list(kb.passages), list(kb.tasks(split))
+    passages, tasks = make_knowledge_base(seed=seed, split=split)
+    return list(passages), list(tasks)
 
 
 def _passages_sha256(passages: Sequence[Any]) -> str:
-    data = json.dumps(
-        [{"id": p.id, "title": p.title, "text": p.text} for p in passages],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+    return sha256_json([{"id": p.id, "title": p.title, "text": p.text} for p in passages])
 
 
 @dataclass(frozen=True)
 class Suite:
-    """A named list of datasets evaluated together; the macro average weighs each dataset equally."""
+    """A named list of datasets evaluated together; the macro average weighs each dataset equally.
+
+    ``default_k`` is the samples per problem a command uses when none is given: 16 for the paper's
+    math suites (Avg@16 / Pass@16, as the paper reports them), 4 elsewhere.
+    """
 
     name: str
     datasets: tuple[SuiteDataset, ...]
     description: str = ""
     default_workflow: str = "proposers-aggregator"
+    default_k: int = 4
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.datasets]
@@ -315,7 +312,7 @@ class Suite:
                 f"suite {self.name!r} has no datasets {unknown}; it has {list(self.dataset_names)}"
             )
         keep = tuple(d for d in self.datasets if d.name in set(names))
-        return Suite(self.name, keep, self.description, self.default_workflow)
+        return Suite(self.name, keep, self.description, self.default_workflow, self.default_k)
 
 
 SUITES: dict[str, Suite] = {}
@@ -338,37 +335,74 @@ def get_suite(suite: str | Suite) -> Suite:
         raise KeyError(f"unknown suite {suite!r}; known: {', '.join(sorted(SUITES))}") from None
 
 
-def _math(name: str, dataset: str) -> SuiteDataset:
-    return SuiteDataset(name, "math", dataset, env_id="MathVerify-v0")
+def _math(name: str, dataset: str, **env_kwargs: Any) -> SuiteDataset:
+    return SuiteDataset(name, "math", dataset, env_id="MathVerify-v0", env_kwargs=env_kwargs)
 
 
 def _search(name: str, dataset: str, **kwargs: Any) -> SuiteDataset:
     return SuiteDataset(name, "search", dataset, entry_point=SEARCH_ENTRY_POINT, **kwargs)
 
 
+#: Team-reward cost per member sent in the routed suites: small next to the reward of a correct
+#: answer (1), large enough that a router gains by sending fewer members when more do not help.
+ROUTED_MEMBER_COST = 0.05
+#: Samples per problem of the paper's math tables (Avg@16, Pass@16).
+PAPER_MATH_K = 16
+#: The paper's math benchmarks (bundled test sets).
+MATH_BENCHMARKS: tuple[tuple[str, str], ...] = (
+    ("MATH500", "math500"),
+    ("AIME24", "aime24"),
+    ("AIME25", "aime25"),
+    ("AMC23", "amc23"),
+    ("Minerva", "minerva"),
+    ("OlympiadBench", "olympiadbench"),
+)
+#: The paper's search benchmarks (bundled samples).
+SEARCH_BENCHMARKS: tuple[str, ...] = (
+    "nq",
+    "triviaqa",
+    "popqa",
+    "hotpotqa",
+    "2wikimultihopqa",
+    "musique",
+    "bamboogle",
+)
+
+
 register_suite(
     Suite(
         "math",
-        (
-            _math("MATH500", "math500"),
-            _math("AIME24", "aime24"),
-            _math("AIME25", "aime25"),
-            _math("AMC23", "amc23"),
-            _math("Minerva", "minerva"),
-            _math("OlympiadBench", "olympiadbench"),
-        ),
+        tuple(_math(name, ds) for name, ds in MATH_BENCHMARKS),
         "Competition math (bundled test sets), graded with math-verify.",
+        default_k=PAPER_MATH_K,
+    )
+)
+register_suite(
+    Suite(
+        "math-routed",
+        tuple(_math(name, ds, member_cost=ROUTED_MEMBER_COST) for name, ds in MATH_BENCHMARKS),
+        "The math suite with a router choosing 1..n proposers (per-member cost in the team reward).",
+        default_workflow="routed",
+        default_k=PAPER_MATH_K,
     )
 )
 register_suite(
     Suite(
         "search",
-        tuple(
-            _search(name, name)
-            for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
-        ),
-        "Open-domain and multi-hop QA (bundled samples) with retrieval over the bundled corpus; EM reward.",
+        tuple(_search(name, name) for name in SEARCH_BENCHMARKS),
+        "Open-domain and multi-hop QA (bundled samples) with retrieval over the bundled corpus; EM reward. "
+        "triviaqa, popqa, bamboogle and 300 of 500 musique questions have no evidence in that corpus.",
         default_workflow="parallel",
+    )
+)
+register_suite(
+    Suite(
+        "search-routed",
+        tuple(
+            _search(name, name, env_kwargs={"member_cost": ROUTED_MEMBER_COST}) for name in SEARCH_BENCHMARKS
+        ),
+        "The search suite with a router choosing 1..n searchers (per-member cost in the team reward).",
+        default_workflow="routed",
     )
 )
 #: quick-math uses one-digit operands: hard enough to leave a ~1-2M-parameter model room, easy enough
@@ -410,6 +444,26 @@ register_suite(
         ),
         "Column addition of two 2- and 3-digit numbers, test split (<= 128 problems each): held-out "
         "problems use the same one-digit facts as training ones, so a skill learned by RL carries over.",
+    )
+)
+register_suite(
+    Suite(
+        "quick-columns-routed",
+        tuple(
+            SuiteDataset(
+                f"columns-d{d}",
+                "math",
+                "procedural-columns",
+                split="test",
+                limit=128,
+                env_id="MathVerify-v0",
+                env_kwargs={"difficulty": d, "member_cost": ROUTED_MEMBER_COST},
+            )
+            for d in (2, 3)
+        ),
+        "quick-columns with a router choosing 1..n proposers and a per-member cost: the CPU-scale suite "
+        "where the set size K varies between events.",
+        default_workflow="routed",
     )
 )
 register_suite(

@@ -1,21 +1,48 @@
-"""``srpo leaderboard ...``: submit, validate and render result records.
+"""``srpo leaderboard ...``: submit, validate, reproduce, sign and render result records.
 
 Exit status is the contract for CI: ``validate`` exits 1 when anything is invalid, after printing
 every problem (not just the first), so one CI run shows all that needs fixing.
+
+``validate`` re-derives each record from its per-sample evidence (:mod:`leaderboards.evidence`);
+regrading the answers and re-generating samples need the env and model code, which this package may
+not import. ``srpo_cli`` therefore passes them in with :func:`configure`; run standalone, ``validate``
+still checks the evidence file, the sample grid and every metric, and says that it did not regrade.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from srpo_common import atomic_write_text
+
+from .evidence import EvidenceError, SampleGrader, check_evidence, load_samples, samples_path
 from .render import write_leaderboard
-from .schema import RecordValidationError, load_record
+from .schema import LeaderboardRecord, RecordValidationError, dump_record_json, load_record, load_records
+from .signing import SigningError, generate_key, load_keys, sign_record, verify_signature
 from .store import LeaderboardStore, StoreError
 
-app = typer.Typer(help="Leaderboard records: submit, validate, render.", no_args_is_help=True)
+app = typer.Typer(
+    help="Leaderboard records: submit, validate, reproduce, sign, render.", no_args_is_help=True
+)
+
+#: Set by :func:`configure` (``srpo_cli`` wires the benchmark grader and reproducer in).
+_HOOKS: dict[str, Callable[..., Any] | None] = {"grader": None, "reproducer": None}
+
+
+def configure(
+    grader_factory: Callable[[], SampleGrader] | None = None, reproducer: Callable[..., Any] | None = None
+) -> None:
+    """Install the regrading hook (a factory of :class:`~leaderboards.evidence.SampleGrader`) and the
+    reproducer (``reproducer(record, sample_set, model_dir, n=, rng_seed=, log=)`` returning a report
+    with ``compared``, ``mismatches`` and ``ok``)."""
+    _HOOKS["grader"] = grader_factory
+    _HOOKS["reproducer"] = reproducer
 
 
 def _fail(lines: list[str], code: int = 1) -> None:
@@ -24,48 +51,99 @@ def _fail(lines: list[str], code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def _default_samples(record: LeaderboardRecord, base: Path) -> Path | None:
+    return samples_path(base, record.evidence.samples_sha256) if record.evidence is not None else None
+
+
+def _evidence_errors(
+    record: LeaderboardRecord, base: Path, grader: SampleGrader | None, allow_missing: bool
+) -> list[str]:
+    """Problems of one record's evidence (the sample file sits in ``base/samples/``)."""
+    if record.evidence is None:
+        return [] if allow_missing else ["no per-sample evidence: its numbers cannot be checked"]
+    try:
+        sample_set = load_samples(samples_path(base, record.evidence.samples_sha256), record.evidence)
+    except EvidenceError as exc:
+        return [str(exc)]
+    return check_evidence(record, sample_set, grader)
+
+
+def _describe(record: LeaderboardRecord) -> str:
+    ev = record.evidence
+    if ev is None:
+        return "no evidence"
+    if ev.partial:
+        return (
+            f"PARTIAL: {sum(ev.problems.values())} of {sum(ev.suite_problems.values())} problems of the suite"
+        )
+    return f"{ev.n_samples} samples checked"
+
+
 @app.command()
 def submit(
     file: Annotated[Path, typer.Argument(help="Record JSON file to add.")],
     store: Annotated[Path, typer.Option("--store", help="Store directory.")],
+    samples: Annotated[
+        Path | None, typer.Option(help="Its sample file (default: FILE's dir/samples/<sha256>.jsonl).")
+    ] = None,
 ) -> None:
-    """Validate FILE and copy it into the store under its canonical name."""
+    """Validate FILE and copy it (and its sample file) into the store under its canonical name."""
     try:
         record = load_record(file)
-        path = LeaderboardStore(store).submit(record)
+        path = LeaderboardStore(store).submit(record, samples or _default_samples(record, file.parent))
     except RecordValidationError as exc:
         _fail([f"invalid: {exc.source or file}", *(f"  - {e}" for e in exc.errors)])
-    except StoreError as exc:
+    except (StoreError, EvidenceError) as exc:
         _fail([f"error: {exc}"])
     typer.echo(str(path))
 
 
 @app.command()
 def validate(
-    files: Annotated[list[Path] | None, typer.Argument(help="Record files to validate.")] = None,
+    files: Annotated[list[Path] | None, typer.Argument(help="Record files (or results lists).")] = None,
     store: Annotated[
         Path | None, typer.Option("--store", help="Validate every record in this store.")
     ] = None,
+    allow_missing_evidence: Annotated[
+        bool, typer.Option(help="Accept records without a per-sample file (older records).")
+    ] = False,
+    regrade: Annotated[bool, typer.Option(help="Regrade every answer (needs the srpo grader).")] = True,
 ) -> None:
-    """Validate record FILEs and/or a whole store; exit 1 if anything is invalid."""
+    """Validate records: schema, evidence, every metric recomputed, every answer regraded; exit 1 on any
+    problem. Records that do not cover the whole suite are reported as PARTIAL."""
     if not files and store is None:
         _fail(["error: give record files and/or --store DIR"], code=2)
+    factory = _HOOKS["grader"] if regrade else None
+    grader = factory() if factory is not None else None
+    if regrade and grader is None:
+        typer.echo("note: answers not regraded (no grader configured; run as `srpo leaderboard validate`)")
     results: dict[str, list[str]] = {}
+    notes: dict[str, str] = {}
     for file in files or []:
         try:
-            load_record(file)
-            results[str(file)] = []
+            records = load_records(file)
         except RecordValidationError as exc:
             results[str(file)] = exc.errors
+            continue
+        for i, rec in enumerate(records):
+            label = str(file) if len(records) == 1 else f"{file}[{i}] {rec.name}"
+            results[label] = _evidence_errors(rec, file.parent, grader, allow_missing_evidence)
+            notes[label] = _describe(rec)
     if store is not None:
         if not store.is_dir():
             _fail([f"error: store {store} is not a directory"], code=2)
-        for name, errors in LeaderboardStore(store).validate_all().items():
-            results[str(store / name)] = errors
+        st = LeaderboardStore(store)
+        for name, errors in st.validate_all().items():
+            label = str(store / name)
+            results[label] = list(errors)
+            if not errors:
+                rec = st.load(name)
+                results[label] += _evidence_errors(rec, store, grader, allow_missing_evidence)
+                notes[label] = _describe(rec)
     bad = {name: errs for name, errs in results.items() if errs}
     for name in results:
         if not results[name]:
-            typer.echo(f"ok: {name}")
+            typer.echo(f"ok: {name} ({notes.get(name, '')})")
     if bad:
         lines = []
         for name, errs in bad.items():
@@ -75,17 +153,118 @@ def validate(
     typer.echo(f"{len(results)} record(s) valid")
 
 
+def _pick(records: list[LeaderboardRecord], name: str | None, file: Path) -> LeaderboardRecord:
+    if name is None:
+        if len(records) == 1:
+            return records[0]
+        listing = [f"  {r.short_hash}  {r.name}" for r in records]
+        _fail([f"error: {file} holds {len(records)} records; choose one with --name", *listing], code=2)
+    hits = [r for r in records if name in (r.name, r.record_hash) or r.record_hash.startswith(name)]
+    if len(hits) != 1:
+        _fail([f"error: --name {name!r} matches {len(hits)} records of {file}"], code=2)
+    return hits[0]
+
+
+@app.command()
+def reproduce(
+    record_file: Annotated[Path, typer.Argument(help="Record file or results list (e.g. results.json).")],
+    model: Annotated[Path, typer.Option("--model", help="Model directory with the record's weights.")],
+    name: Annotated[str | None, typer.Option(help="Record name or hash prefix (for a results list).")] = None,
+    n: Annotated[int, typer.Option("--n", min=1, help="Problems to re-generate (chosen at random).")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the random choice of problems.")] = 0,
+    store: Annotated[
+        Path | None, typer.Option(help="Store to note a successful reproduction in (shown on the page).")
+    ] = None,
+) -> None:
+    """Re-generate a random subset of a record's samples from its seeds and compare (exact on CPU)."""
+    reproducer = _HOOKS["reproducer"]
+    if reproducer is None:
+        _fail(["error: reproduce needs the model code; run it as `srpo leaderboard reproduce`"], code=2)
+    try:
+        record = _pick(load_records(record_file), name, record_file)
+        if record.evidence is None:
+            _fail([f"error: record {record.name!r} has no per-sample evidence to reproduce"], code=2)
+        sample_set = load_samples(
+            samples_path(record_file.parent, record.evidence.samples_sha256), record.evidence
+        )
+        report = reproducer(record, sample_set, model, n=n, rng_seed=seed, log=typer.echo)
+    except RecordValidationError as exc:
+        _fail([f"invalid: {exc.source or record_file}", *(f"  - {e}" for e in exc.errors)])
+    except ValueError as exc:  # EvidenceError, ReproduceError
+        _fail([f"error: {exc}"])
+    for line in report.mismatches:
+        typer.echo(f"mismatch: {line}", err=True)
+    matched = report.compared - len(report.mismatches)
+    if not report.ok:
+        _fail([f"NOT reproduced: {matched} of {report.compared} samples match ({record.name})"])
+    if store is not None:
+        note = {
+            "record_hash": record.record_hash,
+            "compared": report.compared,
+            "matched": matched,
+            "date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
+        }
+        atomic_write_text(
+            store / "reproduced" / f"{record.record_hash}.json", json.dumps(note, indent=2) + "\n"
+        )
+    typer.echo(f"reproduced: {matched} of {report.compared} samples match exactly ({record.name})")
+
+
+@app.command()
+def keygen(
+    out: Annotated[Path, typer.Option("--out", help="Private key file to write (PEM, mode 0600).")],
+    key_id: Annotated[str, typer.Option("--key-id", help="Your submitter id in the keys file.")],
+) -> None:
+    """Create an ed25519 signing key; prints the line to add to the leaderboard's keys file."""
+    if out.exists():
+        _fail([f"error: {out} exists; not overwriting a key"], code=2)
+    public = generate_key(out)
+    typer.echo(json.dumps({key_id: public}))
+
+
+@app.command()
+def sign(
+    file: Annotated[Path, typer.Argument(help="Record JSON file to sign (rewritten in place).")],
+    key: Annotated[Path, typer.Option("--key", help="Private key (from `keygen`).")],
+    key_id: Annotated[str, typer.Option("--key-id", help="Submitter id of the key.")],
+) -> None:
+    """Sign a record's hash (which covers its sample file's sha256) with an ed25519 key."""
+    try:
+        signed = sign_record(load_record(file), key, key_id)
+    except RecordValidationError as exc:
+        _fail([f"invalid: {exc.source or file}", *(f"  - {e}" for e in exc.errors)])
+    except SigningError as exc:
+        _fail([f"error: {exc}"])
+    atomic_write_text(file, dump_record_json(signed))
+    typer.echo(f"signed {file} as {key_id}")
+
+
+def row_status(store: Path, records: list[LeaderboardRecord], keys_file: Path | None) -> dict[str, list[str]]:
+    """Per record hash: ``verified``/``unverified`` (signature by a known key) and ``reproduced``
+    (a note from ``reproduce --store``)."""
+    keys = load_keys(keys_file) if keys_file is not None else {}
+    status = {}
+    for rec in records:
+        tags = ["verified" if verify_signature(rec, keys) else "unverified"]
+        if (store / "reproduced" / f"{rec.record_hash}.json").is_file():
+            tags.append("reproduced")
+        status[rec.record_hash] = tags
+    return status
+
+
 @app.command()
 def render(
     store: Annotated[Path, typer.Option("--store", help="Store directory.")],
     out: Annotated[Path, typer.Option("--out", help="Output directory.")],
     metric: Annotated[str | None, typer.Option(help="Rank by this metric (default: avg@k).")] = None,
+    keys: Annotated[Path | None, typer.Option(help="Keys file of known submitters (JSON).")] = None,
 ) -> None:
     """Write OUT/leaderboard.md and OUT/leaderboard.html from every record in the store."""
     try:
         records = LeaderboardStore(store).load_all(strict=True)
-    except StoreError as exc:
+        status = row_status(store, records, keys)
+    except (StoreError, SigningError) as exc:
         _fail([f"error: {exc}"])
-    paths = write_leaderboard(records, out, metric=metric)
+    paths = write_leaderboard(records, out, metric=metric, status=status)
     for path in paths.values():
         typer.echo(str(path))

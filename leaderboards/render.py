@@ -1,12 +1,19 @@
 """Render leaderboards: a markdown file and a self-contained static HTML page.
 
 One table per suite: rows are records, columns are the suite's datasets plus the macro average of
-one metric, sorted by macro (best first). The HTML page needs no network -- CSS and a small vanilla
-JS sorter are inline and a Content-Security-Policy forbids any fetch -- so it can be opened from disk
-or served as a CI artifact. Clicking a header sorts by it; a URL fragment
-``#sort=<suite>:<column>:<asc|desc>`` (several joined by ``&``) applies a sort on load, which makes
-sorted views linkable and lets tests check the JS in a headless browser. All record text is
-HTML-escaped: names and model ids come from submitters.
+one metric, sorted by macro (best first). Each cell shows ``± std over seeds`` when the record
+carries it, and ranks respect that uncertainty: a row's rank is 1 + the number of rows whose
+interval (value ± std) lies entirely above its own, so rows whose intervals overlap -- three
+identical scores, say -- share a rank. Records that do not cover the whole suite (``--limit``,
+``--dataset``) are *partial* and ranked apart, in their own table below the suite's.
+
+The HTML page needs no network -- CSS and a small vanilla JS sorter are inline and a
+Content-Security-Policy forbids any fetch -- so it can be opened from disk or served as a CI
+artifact. Clicking a header sorts by it; a URL fragment ``#sort=<suite>:<column>:<asc|desc>``
+(several joined by ``&``) applies a sort on load, which makes sorted views linkable and lets tests
+check the JS in a headless browser. All record text is HTML-escaped: names and model ids come from
+submitters. The table is laid out to fit a 1280 px window: long names wrap, hashes are shortened
+(full values in tooltips).
 """
 
 from __future__ import annotations
@@ -14,18 +21,27 @@ from __future__ import annotations
 import html
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.report import atomic_write_text
+from srpo_common import atomic_write_text
 
 from .schema import LeaderboardRecord, is_fraction_metric
 from .store import slugify
 
-__all__ = ["choose_metric", "render_html", "render_markdown", "suite_tables", "write_leaderboard"]
+__all__ = [
+    "choose_metric",
+    "interval_ranks",
+    "render_html",
+    "render_markdown",
+    "suite_tables",
+    "write_leaderboard",
+]
 
 _MISSING = "—"
+#: Per record hash, the tags shown in the Status column (``verified``/``unverified``, ``reproduced``).
+Status = Mapping[str, Sequence[str]]
 
 
 def choose_metric(records: Sequence[LeaderboardRecord]) -> str:
@@ -45,14 +61,42 @@ def choose_metric(records: Sequence[LeaderboardRecord]) -> str:
     return max(prefs, key=lambda m: (counts[m], -prefs.index(m)))
 
 
+def _macro_std(rec: LeaderboardRecord, metric: str) -> float:
+    return (rec.macro_std or {}).get(metric, 0.0)
+
+
+def _cell_std(rec: LeaderboardRecord, ds: str, metric: str) -> float | None:
+    if rec.metrics_std is None:
+        return None
+    return rec.metrics_std.get(ds, {}).get(metric)
+
+
+def interval_ranks(values: Sequence[tuple[float | None, float]]) -> list[int | None]:
+    """Ranks of ``(value, std)`` pairs, higher is better: 1 + the number of values whose interval
+    ``[v - std, v + std]`` lies entirely above this one's. Overlapping intervals (equal values
+    included) share a rank; a missing value gets ``None``."""
+    ranks: list[int | None] = []
+    for v, sd in values:
+        if v is None:
+            ranks.append(None)
+            continue
+        better = sum(1 for w, sw in values if w is not None and w - sw > v + sd)
+        ranks.append(1 + better)
+    return ranks
+
+
 @dataclass(frozen=True)
 class SuiteTable:
-    """A suite's table in display order; ``rows`` hold the records sorted by ``macro`` descending."""
+    """A suite's table in display order; ``rows`` hold the full-suite records sorted by ``macro``
+    descending with their ``ranks``; ``partial`` the partial records, ranked among themselves."""
 
     suite: str
     metric: str
     datasets: list[str]
     rows: list[LeaderboardRecord]
+    ranks: list[int | None] = field(default_factory=list)
+    partial: list[LeaderboardRecord] = field(default_factory=list)
+    partial_ranks: list[int | None] = field(default_factory=list)
 
 
 def _sort_key(metric: str):
@@ -63,8 +107,14 @@ def _sort_key(metric: str):
     return key
 
 
+def _ranked(recs: list[LeaderboardRecord], metric: str) -> tuple[list[LeaderboardRecord], list[int | None]]:
+    rows = sorted(recs, key=_sort_key(metric))
+    return rows, interval_ranks([(r.macro.get(metric), _macro_std(r, metric)) for r in rows])
+
+
 def suite_tables(records: Iterable[LeaderboardRecord], metric: str | None = None) -> list[SuiteTable]:
-    """Group records by suite (sorted by suite name) and order each group by macro, best first."""
+    """Group records by suite (sorted by suite name), order each group by macro, best first, and rank
+    full-suite and partial records separately."""
     by_suite: dict[str, list[LeaderboardRecord]] = {}
     for rec in records:
         by_suite.setdefault(rec.suite, []).append(rec)
@@ -73,7 +123,9 @@ def suite_tables(records: Iterable[LeaderboardRecord], metric: str | None = None
         recs = by_suite[suite]
         chosen = metric if metric is not None else choose_metric(recs)
         datasets = sorted({ds for rec in recs for ds in rec.metrics})
-        tables.append(SuiteTable(suite, chosen, datasets, sorted(recs, key=_sort_key(chosen))))
+        rows, ranks = _ranked([r for r in recs if not r.partial], chosen)
+        partial, partial_ranks = _ranked([r for r in recs if r.partial], chosen)
+        tables.append(SuiteTable(suite, chosen, datasets, rows, ranks, partial, partial_ranks))
     return tables
 
 
@@ -83,13 +135,38 @@ def _fmt(metric: str, value: float | None) -> str:
     return f"{value:.4f}" if is_fraction_metric(metric) else f"{value:.6g}"
 
 
+def _fmt_pm(metric: str, std: float | None) -> str:
+    """The ``± std`` part of a cell; empty when the record has no spread for it."""
+    if std is None:
+        return ""
+    return f"±{std:.4f}" if is_fraction_metric(metric) else f"±{std:.3g}"
+
+
 def _model(rec: LeaderboardRecord) -> str:
-    prov = rec.provenance
-    return prov.model_id if prov.model_id is not None else f"weights:{(prov.weights_sha256 or '')[:12]}"
+    """The model's name; a record that names none shows a dash (its weights hash is shown beside)."""
+    return rec.provenance.model_id if rec.provenance.model_id is not None else _MISSING
+
+
+def _weights(rec: LeaderboardRecord) -> str:
+    w = rec.provenance.weights_sha256
+    return w[:8] if w else ""
 
 
 def _date(rec: LeaderboardRecord) -> str:
     return rec.provenance.date[:10]
+
+
+def _status(rec: LeaderboardRecord, status: Status | None) -> list[str]:
+    if status is not None and rec.record_hash in status:
+        return list(status[rec.record_hash])
+    return ["unverified"]
+
+
+def _coverage(rec: LeaderboardRecord) -> str:
+    ev = rec.evidence
+    if ev is None:
+        return ""
+    return f"{sum(ev.problems.values())}/{sum(ev.suite_problems.values())} problems"
 
 
 def _md_text(text: str) -> str:
@@ -100,44 +177,88 @@ def _md_text(text: str) -> str:
     return text
 
 
-def render_markdown(records: Iterable[LeaderboardRecord], metric: str | None = None) -> str:
+def _md_rows(
+    tab: SuiteTable, rows: list[LeaderboardRecord], ranks: list[int | None], status: Status | None
+) -> list[str]:
+    lines = []
+    for rank, rec in zip(ranks, rows, strict=True):
+        model = _md_text(_model(rec)) + (f" `{_weights(rec)}`" if _weights(rec) else "")
+        cells = [
+            str(rank) if rank is not None else _MISSING,
+            _md_text(rec.name),
+            _md_text(rec.provenance.algorithm),
+        ]
+        cells += [model, _md_text(rec.provenance.workflow)]
+        for ds in tab.datasets:
+            value = rec.metrics.get(ds, {}).get(tab.metric)
+            pm = _fmt_pm(tab.metric, _cell_std(rec, ds, tab.metric)) if value is not None else ""
+            cells.append(_fmt(tab.metric, value) + (f" {pm}" if pm else ""))
+        macro = rec.macro.get(tab.metric)
+        pm = _fmt_pm(tab.metric, (rec.macro_std or {}).get(tab.metric)) if macro is not None else ""
+        cells += [_fmt(tab.metric, macro) + (f" {pm}" if pm else ""), str(rec.k), str(len(rec.seeds))]
+        cells += [_md_text(_date(rec)), _md_text(", ".join(_status(rec, status))), f"`{rec.short_hash}`"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_markdown(
+    records: Iterable[LeaderboardRecord], metric: str | None = None, status: Status | None = None
+) -> str:
     """Markdown with one section and table per suite (columns: rank, name, algorithm, model,
-    workflow, datasets..., macro, k, seeds, date, record hash)."""
+    workflow, datasets..., macro, k, seeds, date, status, record hash); partial records follow in a
+    table of their own."""
     tables = suite_tables(records, metric)
     lines = ["# Leaderboard", ""]
     if not tables:
         return "\n".join(lines + ["No records.", ""])
     for tab in tables:
-        lines += [f"## {_md_text(tab.suite)}", "", f"Ranked by macro `{tab.metric}` over datasets.", ""]
+        lines += [f"## {_md_text(tab.suite)}", ""]
+        lines += [
+            f"Ranked by macro `{tab.metric}` over datasets (± std over seeds; overlapping rows share a rank).",
+            "",
+        ]
         head = ["#", "Name", "Algorithm", "Model", "Workflow", *[_md_text(d) for d in tab.datasets]]
-        head += [f"Macro {_md_text(tab.metric)}", "k", "Seeds", "Date", "Record"]
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append(
-            "|" + "|".join(["---:"] + [":---"] * 4 + ["---:"] * (len(tab.datasets) + 3) + [":---"] * 2) + "|"
+        head += [f"Macro {_md_text(tab.metric)}", "k", "Seeds", "Date", "Status", "Record"]
+        rule = (
+            "|" + "|".join(["---:"] + [":---"] * 4 + ["---:"] * (len(tab.datasets) + 3) + [":---"] * 3) + "|"
         )
-        for rank, rec in enumerate(tab.rows, start=1):
-            cells = [str(rank), _md_text(rec.name), _md_text(rec.provenance.algorithm), _md_text(_model(rec))]
-            cells.append(_md_text(rec.provenance.workflow))
-            cells += [_fmt(tab.metric, rec.metrics.get(ds, {}).get(tab.metric)) for ds in tab.datasets]
-            cells += [_fmt(tab.metric, rec.macro.get(tab.metric)), str(rec.k), str(len(rec.seeds))]
-            cells += [_md_text(_date(rec)), f"`{rec.short_hash}`"]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+        groups = [(tab.rows, tab.ranks, None)]
+        if tab.partial:
+            groups.append(
+                (tab.partial, tab.partial_ranks, "Partial runs (not the whole suite; ranked apart)")
+            )
+        for rows, ranks, title in groups:
+            if title:
+                lines += [f"### {title}", ""]
+            if not rows:
+                lines += ["No full-suite records.", ""]
+                continue
+            lines += ["| " + " | ".join(head) + " |", rule, *_md_rows(tab, rows, ranks, status), ""]
     return "\n".join(lines)
 
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:80rem;padding:0 1rem;color:#1f2328}
-h1{font-size:1.6rem}h2{font-size:1.25rem;margin-top:2rem}
+h1{font-size:1.6rem}h2{font-size:1.25rem;margin-top:2rem}h3{font-size:1rem;margin-top:1.25rem}
 .note,.meta{color:#59636e;font-size:.9rem}
-table.lb{border-collapse:collapse;width:100%;font-size:.9rem}
-table.lb th,table.lb td{border-bottom:1px solid #d1d9e0;padding:.35rem .6rem;text-align:left;white-space:nowrap}
+table.lb{border-collapse:collapse;width:100%;font-size:.85rem}
+table.lb th,table.lb td{border-bottom:1px solid #d1d9e0;padding:.3rem .4rem;text-align:left;vertical-align:top}
+table.lb td{overflow-wrap:anywhere}
+table.lb td.name{min-width:7rem;max-width:16rem}
+table.lb td.model{max-width:12rem}
 table.lb td.num,table.lb th[data-type=num]{text-align:right;font-variant-numeric:tabular-nums}
+table.lb td.num{white-space:nowrap}
+table.lb th{overflow-wrap:anywhere;hyphens:auto}
+table.lb td.num .pm{display:block;color:#59636e;font-size:.75rem}
+table.lb td.status{font-size:.75rem}
+table.lb .weights,table.lb td.record code{color:#59636e;font-size:.75rem}
 table.lb th{cursor:pointer;user-select:none;background:#f6f8fa;position:sticky;top:0}
 table.lb th:focus{outline:2px solid #0969da}
 table.lb th[aria-sort=ascending]::after{content:" \\25B2"}
 table.lb th[aria-sort=descending]::after{content:" \\25BC"}
 table.lb tbody tr:hover{background:#f6f8fa}
+.tag{display:inline-block;border-radius:.6rem;padding:0 .35rem;margin:0 .1rem .1rem 0;background:#eef1f4}
+.tag.verified,.tag.reproduced{background:#dafbe1}
 code{font-size:.85rem}
 """.strip()
 
@@ -182,7 +303,9 @@ _JS = """
   function tableFor(suite) {
     var tables = document.querySelectorAll("table.lb");
     for (var i = 0; i < tables.length; i++) {
-      if (tables[i].getAttribute("data-suite") === suite) { return tables[i]; }
+      if (tables[i].getAttribute("data-suite") === suite && tables[i].getAttribute("data-group") !== "partial") {
+        return tables[i];
+      }
     }
     return null;
   }
@@ -234,17 +357,28 @@ def _th(col: str, label: str, num: bool, sorted_desc: bool = False) -> str:
     return f'<th scope="col" tabindex="0" data-col="{_e(col)}" data-type="{kind}"{aria}>{_e(label)}</th>'
 
 
-def _td_num(metric: str, value: float | None) -> str:
-    raw = "" if value is None else repr(float(value))
-    return f'<td class="num" data-value="{raw}">{_e(_fmt(metric, value))}</td>'
+def _td_num(metric: str, value: float | None, std: float | None = None) -> str:
+    """A number cell: the value, and ``± std`` below it when known; ``data-lo``/``data-hi`` give the
+    interval the rank uses."""
+    if value is None:
+        return f'<td class="num" data-value="">{_e(_MISSING)}</td>'
+    attrs = f'data-value="{float(value)!r}"'
+    pm = ""
+    if std is not None:
+        attrs += f' data-lo="{float(value - std)!r}" data-hi="{float(value + std)!r}"'
+        pm = f'<span class="pm">{_e(_fmt_pm(metric, std))}</span>'
+    return f'<td class="num" {attrs}>{_e(_fmt(metric, value))}{pm}</td>'
 
 
-def _td_text(text: str, title: str | None = None) -> str:
+def _td_text(text: str, title: str | None = None, cls: str | None = None) -> str:
     tip = f' title="{_e(title)}"' if title else ""
-    return f"<td{tip}>{_e(text)}</td>"
+    klass = f' class="{cls}"' if cls else ""
+    return f"<td{klass}{tip}>{_e(text)}</td>"
 
 
-def _html_table(tab: SuiteTable) -> str:
+def _html_table(
+    tab: SuiteTable, rows: list[LeaderboardRecord], ranks: list[int | None], group: str, status: Status | None
+) -> str:
     heads = [
         _th("rank", "#", True),
         _th("name", "Name", False),
@@ -256,44 +390,71 @@ def _html_table(tab: SuiteTable) -> str:
         _th("k", "k", True),
         _th("seeds", "Seeds", True),
         _th("date", "Date", False),
+        _th("status", "Status", False),
         _th("record", "Record", False),
     ]
-    rows = []
-    for rank, rec in enumerate(tab.rows, start=1):
+    body = []
+    for rank, rec in zip(ranks, rows, strict=True):
         prov = rec.provenance
         extra = [f"commit {prov.git_commit}", f"version {prov.package_version}", f"config {prov.config_hash}"]
         if prov.retriever:
             extra.append(f"retriever {prov.retriever}")
         if prov.corpus:
             extra.append(f"corpus {prov.corpus}")
+        if rec.evidence is not None:
+            extra.append(f"samples {rec.evidence.samples_sha256} ({_coverage(rec)})")
+        shared = sum(1 for r in ranks if r == rank) > 1
+        rank_text = _MISSING if rank is None else str(rank)
+        tip = ' title="intervals overlap: shared rank"' if shared else ""
+        weights = prov.weights_sha256
+        model = f"{_e(_model(rec))}" + (f' <code class="weights">{_e(weights[:8])}</code>' if weights else "")
+        tags = _status(rec, status)
         cells = [
-            f'<td class="num" data-value="{rank}">{rank}</td>',
-            _td_text(rec.name),
+            f'<td class="num rank" data-value="{rank if rank is not None else ""}"{tip}>{rank_text}</td>',
+            _td_text(rec.name, cls="name"),
             _td_text(prov.algorithm),
-            _td_text(_model(rec), prov.weights_sha256),
+            f'<td class="model" data-value="{_e(_model(rec))}" title="{_e(weights or "")}">{model}</td>',
             _td_text(prov.workflow),
-            *[_td_num(tab.metric, rec.metrics.get(ds, {}).get(tab.metric)) for ds in tab.datasets],
-            _td_num(tab.metric, rec.macro.get(tab.metric)),
+            *[
+                _td_num(tab.metric, rec.metrics.get(ds, {}).get(tab.metric), _cell_std(rec, ds, tab.metric))
+                for ds in tab.datasets
+            ],
+            _td_num(
+                tab.metric,
+                rec.macro.get(tab.metric),
+                None if rec.macro_std is None else rec.macro_std.get(tab.metric),
+            ),
             f'<td class="num" data-value="{rec.k}">{rec.k}</td>',
             f'<td class="num" data-value="{len(rec.seeds)}" title="{_e(rec.seeds)}">{len(rec.seeds)}</td>',
             f'<td data-value="{_e(prov.date)}" title="{_e(prov.date)}">{_e(_date(rec))}</td>',
-            f'<td title="{_e(chr(10).join([rec.record_hash, *extra]))}"><code>{_e(rec.short_hash)}</code></td>',
+            f'<td class="status" data-value="{_e(" ".join(tags))}">'
+            + "".join(f'<span class="tag {_e(t)}">{_e(t)}</span>' for t in tags)
+            + "</td>",
+            f'<td class="record" data-value="{_e(rec.record_hash)}" title="{_e(chr(10).join([rec.record_hash, *extra]))}">'
+            f"<code>{_e(rec.record_hash[:8])}</code></td>",
         ]
-        rows.append(f'<tr data-record="{_e(rec.record_hash)}">' + "".join(cells) + "</tr>")
+        body.append(f'<tr data-record="{_e(rec.record_hash)}">' + "".join(cells) + "</tr>")
     return (
-        f'<table class="lb" data-suite="{_e(tab.suite)}" data-metric="{_e(tab.metric)}" data-sort="macro:desc">'
-        f"<thead><tr>{''.join(heads)}</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody></table>"
+        f'<table class="lb" data-suite="{_e(tab.suite)}" data-group="{group}" data-metric="{_e(tab.metric)}" '
+        f'data-sort="macro:desc"><thead><tr>{"".join(heads)}</tr></thead>\n<tbody>\n'
+        + "\n".join(body)
+        + "\n</tbody></table>"
     )
 
 
 def render_html(
-    records: Iterable[LeaderboardRecord], metric: str | None = None, title: str = "srpo leaderboard"
+    records: Iterable[LeaderboardRecord],
+    metric: str | None = None,
+    title: str = "srpo leaderboard",
+    status: Status | None = None,
 ) -> str:
     """A complete, self-contained HTML page (inline CSS/JS, no external resources).
 
     Dataset columns are keyed ``ds:<dataset>`` in ``data-col`` (so a dataset called ``macro`` cannot
     clash with the macro column); the URL fragment also accepts the bare dataset name when it does
-    not clash. Other keys: rank, name, algorithm, model, workflow, macro, k, seeds, date, record.
+    not clash. Other keys: rank, name, algorithm, model, workflow, macro, k, seeds, date, status,
+    record. Each table has ``data-group="full"`` or ``"partial"``; the fragment sorts the full one.
+    ``status`` maps record hashes to the tags of the Status column (default: ``unverified``).
     """
     tables = suite_tables(records, metric)
     parts = [
@@ -309,7 +470,8 @@ def render_html(
         "<body>",
         f"<h1>{_e(title)}</h1>",
         '<p class="note">Click a column header to sort; link a sorted view with '
-        "<code>#sort=&lt;suite&gt;:&lt;column&gt;:asc|desc</code>.</p>",
+        "<code>#sort=&lt;suite&gt;:&lt;column&gt;:asc|desc</code>. Cells show ± the standard deviation "
+        "over seeds; rows whose intervals overlap share a rank.</p>",
     ]
     if not tables:
         parts.append("<p>No records.</p>")
@@ -324,9 +486,18 @@ def render_html(
             f"<h2>{_e(tab.suite)}</h2>",
             f'<p class="meta">Ranked by macro <code>{_e(tab.metric)}</code> over '
             f"{len(tab.datasets)} dataset(s); {len(tab.rows)} record(s).</p>",
-            _html_table(tab),
-            "</section>",
+            _html_table(tab, tab.rows, tab.ranks, "full", status)
+            if tab.rows
+            else "<p>No full-suite records.</p>",
         ]
+        if tab.partial:
+            parts += [
+                "<h3>Partial runs</h3>",
+                f'<p class="meta">{len(tab.partial)} record(s) that do not cover the whole suite '
+                "(a limit or a dataset subset): ranked apart.</p>",
+                _html_table(tab, tab.partial, tab.partial_ranks, "partial", status),
+            ]
+        parts.append("</section>")
     parts += [f"<script>\n{_JS}\n</script>", "</body>", "</html>", ""]
     return "\n".join(parts)
 
@@ -336,11 +507,12 @@ def write_leaderboard(
     out_dir: str | os.PathLike[str],
     metric: str | None = None,
     title: str = "srpo leaderboard",
+    status: Status | None = None,
 ) -> dict[str, Path]:
-    """Atomically write ``leaderboard.md`` and ``leaderboard.html`` into ``out_dir``."""
+    """Atomically write ``leaderboard.md`` and ``leaderboard.html`` (mode 0644) into ``out_dir``."""
     records = list(records)
     out = Path(out_dir)
     return {
-        "md": atomic_write_text(out / "leaderboard.md", render_markdown(records, metric)),
-        "html": atomic_write_text(out / "leaderboard.html", render_html(records, metric, title)),
+        "md": atomic_write_text(out / "leaderboard.md", render_markdown(records, metric, status)),
+        "html": atomic_write_text(out / "leaderboard.html", render_html(records, metric, title, status)),
     }

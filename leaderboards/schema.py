@@ -13,7 +13,16 @@ Validation rejects, with one readable message per problem:
 * inconsistent records: ``macro[m]`` not the mean over datasets of ``metrics[d][m]`` (within 1e-6),
   datasets with different metric sets, dataset hashes not matching the metric datasets, empty or
   duplicate seeds, ``k < 1``;
-* tampered records: ``record_hash`` does not match the content.
+* tampered records: ``record_hash`` does not match the content;
+* oversized records: more than :data:`MAX_RECORD_BYTES` bytes (checked *before* parsing, so a huge
+  file costs a ``stat``, not a gigabyte of RAM), :data:`MAX_DATASETS` datasets, :data:`MAX_METRICS`
+  metrics or :data:`MAX_SEEDS` seeds;
+* unknown metric names: every metric is range-checked by its *name* against :data:`METRIC_RANGES`
+  (plus the ``avg@N``/``pass@N``/``maj@N`` families), so ``accuracy_strict = 42`` cannot slip past a
+  pattern; a placeholder all-zero sha256 is not a hash.
+
+A record may point, by sha256, to its per-sample evidence file (:class:`Evidence`); what that file
+holds and how it is re-checked lives in :mod:`leaderboards.evidence`.
 """
 
 from __future__ import annotations
@@ -36,7 +45,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, fie
 from pydantic.types import FiniteFloat
 
 __all__ = [
+    "Evidence",
     "LeaderboardRecord",
+    "MAX_DATASETS",
+    "MAX_METRICS",
+    "MAX_RECORD_BYTES",
+    "MAX_SAMPLES",
+    "MAX_SEEDS",
+    "METRIC_RANGES",
     "Provenance",
     "RecordContent",
     "RecordValidationError",
@@ -47,9 +63,12 @@ __all__ = [
     "hash_config",
     "is_fraction_metric",
     "load_record",
+    "load_records",
     "make_record",
+    "metric_range",
     "package_version",
     "parse_record_json",
+    "record_dict",
     "sha256_bytes",
     "sha256_file",
     "validate_record",
@@ -65,7 +84,34 @@ _SUITE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _DATASET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]{0,127}")
 _METRIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_@.+-]{0,63}")
 _FRACTION_RE = re.compile(r"(?:(?:avg|pass|maj)@\d+|acc|accuracy|exact_match|em|f1)")
-_NONNEG_PREFIXES = ("team_tokens", "tool_calls", "utility", "n_")
+_AT_K_RE = re.compile(r"(?:avg|pass|maj)@[1-9]\d{0,5}")
+#: Every metric a record may carry and its allowed range (``avg@N``/``pass@N``/``maj@N`` are fractions
+#: too). A closed list rather than a naming pattern: a new metric gets a range here, or it is rejected.
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    **dict.fromkeys(("acc", "accuracy", "exact_match", "em", "f1"), (0.0, 1.0)),
+    **dict.fromkeys(
+        (
+            "team_tokens_per_problem",
+            "tool_calls_per_problem",
+            "team_tokens_total",
+            "tool_calls_total",
+            "n_problems",
+            "n_samples",
+        ),
+        (0.0, math.inf),
+    ),
+    # correct samples per million team tokens: at most one correct sample per token
+    "utility": (0.0, 1e6),
+}
+#: Size limits: a record is a summary (datasets x metrics), not a data dump; the samples live in the
+#: evidence file. Bytes are checked before parsing.
+MAX_RECORD_BYTES = 1 << 20
+MAX_DATASETS = 256
+MAX_METRICS = 64
+MAX_SEEDS = 1000
+#: At most this many samples in one record's evidence file.
+MAX_SAMPLES = 2_000_000
+_ZERO_SHA256 = "0" * 64
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -84,9 +130,18 @@ def is_fraction_metric(name: str) -> bool:
     return _FRACTION_RE.fullmatch(name.lower()) is not None
 
 
+def metric_range(name: str) -> tuple[float, float] | None:
+    """The allowed ``(low, high)`` of a metric, or ``None`` for a metric name the schema does not know."""
+    if _AT_K_RE.fullmatch(name):
+        return (0.0, 1.0)
+    return METRIC_RANGES.get(name)
+
+
 def _check_sha256(value: str) -> str:
     if not _SHA256_RE.fullmatch(value):
         raise ValueError(f"not a sha256 hex digest (64 lowercase hex characters): {value[:80]!r}")
+    if value == _ZERO_SHA256:
+        raise ValueError("all-zero sha256 is a placeholder, not the hash of anything")
     return value
 
 
@@ -161,8 +216,60 @@ class Provenance(BaseModel):
         return self
 
 
+class Evidence(BaseModel):
+    """Where a record's numbers come from: its per-sample file, named by sha256 (see
+    :mod:`leaderboards.evidence`), and how much of the suite it covers.
+
+    ``problems`` counts the problems evaluated per dataset; ``suite_problems`` the problems of every
+    dataset of the full suite. A record that leaves out a dataset or problems is *partial*: it is
+    ranked apart, since Avg@k over the first problem says little about the suite.
+    """
+
+    model_config = _STRICT
+
+    samples_sha256: Sha256
+    n_samples: int
+    samples_bytes: int
+    problems: dict[DatasetName, int]
+    suite_problems: dict[DatasetName, int]
+
+    @model_validator(mode="after")
+    def _sizes(self) -> Evidence:
+        errors = []
+        if not 1 <= self.n_samples <= MAX_SAMPLES:
+            errors.append(f"n_samples must be in [1, {MAX_SAMPLES}], got {self.n_samples}")
+        if self.samples_bytes < 1:
+            errors.append(f"samples_bytes must be >= 1, got {self.samples_bytes}")
+        if len(self.suite_problems) > MAX_DATASETS:
+            errors.append(
+                f"suite_problems lists {len(self.suite_problems)} datasets (at most {MAX_DATASETS})"
+            )
+        for where, counts in (("problems", self.problems), ("suite_problems", self.suite_problems)):
+            errors += [f"{where}[{d!r}] must be >= 1, got {n}" for d, n in counts.items() if n < 1]
+        for d, n in self.problems.items():
+            if d not in self.suite_problems:
+                errors.append(f"problems[{d!r}]: dataset is not in suite_problems")
+            elif n > self.suite_problems[d]:
+                errors.append(f"problems[{d!r}] = {n} exceeds the suite's {self.suite_problems[d]}")
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+    @property
+    def partial(self) -> bool:
+        """True when some dataset of the suite, or some of its problems, was not evaluated."""
+        return set(self.problems) != set(self.suite_problems) or any(
+            n < self.suite_problems[d] for d, n in self.problems.items()
+        )
+
+
 class RecordContent(BaseModel):
-    """Everything in a record except its hash; all consistency checks live here."""
+    """Everything in a record except its hash; all consistency checks live here.
+
+    ``metrics_std``/``macro_std`` are the sample standard deviations over seeds (0 for one seed) that
+    the page shows as ``±`` and ranks with; ``evidence`` points to the per-sample file. All three are
+    optional so that records written before they existed keep validating (and keep their hash).
+    """
 
     model_config = _STRICT
 
@@ -174,6 +281,32 @@ class RecordContent(BaseModel):
     metrics: dict[DatasetName, dict[MetricName, FiniteFloat]]
     macro: dict[MetricName, FiniteFloat]
     provenance: Provenance
+    metrics_std: dict[DatasetName, dict[MetricName, FiniteFloat]] | None = None
+    macro_std: dict[MetricName, FiniteFloat] | None = None
+    evidence: Evidence | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_oversized(cls, data: Any) -> Any:
+        """Count before validating: 330k datasets must fail in microseconds, not after building them."""
+        if isinstance(data, Mapping):
+            for key, limit in (("metrics", MAX_DATASETS), ("seeds", MAX_SEEDS), ("macro", MAX_METRICS)):
+                value = data.get(key)
+                if isinstance(value, Mapping | list) and len(value) > limit:
+                    raise ValueError(f"{key} has {len(value)} entries; a record holds at most {limit}")
+            metrics = data.get("metrics")
+            if isinstance(metrics, Mapping):
+                for ds, values in metrics.items():
+                    if isinstance(values, Mapping) and len(values) > MAX_METRICS:
+                        raise ValueError(
+                            f"metrics[{str(ds)[:40]!r}] has {len(values)} metrics; at most {MAX_METRICS}"
+                        )
+        return data
+
+    @property
+    def partial(self) -> bool:
+        """A record whose evidence says it does not cover the whole suite (``--limit``, ``--dataset``)."""
+        return self.evidence is not None and self.evidence.partial
 
     @field_validator("k")
     @classmethod
@@ -232,6 +365,8 @@ class RecordContent(BaseModel):
                     errors.append(
                         f"macro[{m!r}] = {self.macro[m]!r} is not the mean over datasets ({mean!r})"
                     )
+        errors += self._std_errors()
+        errors += self._evidence_errors()
         ds_hashed = set(self.provenance.dataset_sha256)
         if ds_hashed != set(self.metrics):
             errors.append(
@@ -242,21 +377,77 @@ class RecordContent(BaseModel):
             raise ValueError("\n".join(errors))
         return self
 
+    def _std_errors(self) -> list[str]:
+        errors = []
+        if self.metrics_std is not None:
+            if set(self.metrics_std) != set(self.metrics):
+                errors.append("metrics_std must have exactly the datasets of metrics")
+            for ds, values in self.metrics_std.items():
+                if set(values) != set(self.metrics.get(ds, {})):
+                    errors.append(f"metrics_std[{ds!r}] must have exactly the metrics of metrics[{ds!r}]")
+                errors += [
+                    f"metrics_std[{ds!r}][{m!r}] = {v} is negative" for m, v in values.items() if v < 0
+                ]
+        if self.macro_std is not None:
+            if set(self.macro_std) != set(self.macro):
+                errors.append("macro_std must have exactly the metrics of macro")
+            errors += [f"macro_std[{m!r}] = {v} is negative" for m, v in self.macro_std.items() if v < 0]
+        return errors
+
+    def _evidence_errors(self) -> list[str]:
+        ev = self.evidence
+        if ev is None:
+            return []
+        errors = []
+        if set(ev.problems) != set(self.metrics):
+            errors.append(
+                f"evidence.problems must cover exactly the datasets in metrics: got {sorted(ev.problems)}"
+            )
+        expected = sum(ev.problems.values()) * self.k * len(self.seeds)
+        if ev.n_samples != expected:
+            errors.append(f"evidence.n_samples = {ev.n_samples}, but problems x k x seeds = {expected}")
+        return errors
+
 
 def _range_errors(values: Mapping[str, float], where: str) -> list[str]:
+    """Every metric is checked by name; a name without a known range is an error, not a free pass."""
     errors = []
     for m, v in values.items():
-        if is_fraction_metric(m) and not 0.0 <= v <= 1.0:
+        bounds = metric_range(m)
+        if bounds is None:
+            known = ", ".join([*sorted(METRIC_RANGES), "avg@N", "pass@N", "maj@N"])
+            errors.append(f"{where}[{m!r}]: unknown metric name (known: {known})")
+        elif bounds == (0.0, 1.0) and not 0.0 <= v <= 1.0:
             errors.append(f"{where}[{m!r}] = {v} is a fraction and must be in [0, 1]")
-        if m.startswith(_NONNEG_PREFIXES) and v < 0:
+        elif not bounds[0] <= v:
             errors.append(f"{where}[{m!r}] = {v} must be non-negative")
+        elif not v <= bounds[1]:
+            errors.append(f"{where}[{m!r}] = {v} must be at most {bounds[1]:g}")
     return errors
+
+
+class Signature(BaseModel):
+    """An ed25519 signature of ``record_hash`` by a submitter key (see :mod:`leaderboards.signing`).
+
+    It sits outside the hashed content (it signs the hash), and ``record_hash`` covers
+    ``evidence.samples_sha256``, so one signature vouches for the record and its sample file.
+    """
+
+    model_config = _STRICT
+
+    key_id: Annotated[
+        str, AfterValidator(_pattern_check(re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}"), "key id"))
+    ]
+    signature: Annotated[
+        str, AfterValidator(_pattern_check(re.compile(r"[0-9a-f]{128}"), "ed25519 signature"))
+    ]
 
 
 class LeaderboardRecord(RecordContent):
     """A validated, hashed result record. Construct with :func:`make_record` or :func:`validate_record`."""
 
     record_hash: Sha256
+    signature: Signature | None = None
 
     @model_validator(mode="after")
     def _hash_matches(self) -> LeaderboardRecord:
@@ -315,6 +506,11 @@ def hash_config(config: Mapping[str, Any]) -> str:
     return sha256_bytes(canonical_json(dict(config)).encode("utf-8"))
 
 
+#: Not part of the hashed content: the hash itself and the signature of the hash.
+_UNHASHED = ("record_hash", "signature")
+_OPTIONAL_HASHED = ("metrics_std", "macro_std", "evidence")
+
+
 def compute_record_hash(record: RecordContent | Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON of a record's content, ``record_hash`` excluded.
 
@@ -322,9 +518,13 @@ def compute_record_hash(record: RecordContent | Mapping[str, Any]) -> str:
     same JSON whether the record came from Python values or from a file.
     """
     if isinstance(record, Mapping):
-        content = {k: v for k, v in record.items() if k != "record_hash"}
+        content = {k: v for k, v in record.items() if k not in _UNHASHED}
         record = RecordContent.model_validate(content)
-    data = record.model_dump(mode="json", exclude={"record_hash"})
+    data = record.model_dump(mode="json", exclude=set(_UNHASHED))
+    # optional fields added later are left out when unset, so older records keep their hash
+    for key in _OPTIONAL_HASHED:
+        if data.get(key) is None:
+            data.pop(key, None)
     return sha256_bytes(canonical_json(data).encode("utf-8"))
 
 
@@ -374,10 +574,24 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _too_big(size: int, source: str | None) -> RecordValidationError:
+    return RecordValidationError(
+        [
+            f"record is {size} bytes; at most {MAX_RECORD_BYTES} are accepted (per-sample data belongs in "
+            "the evidence file, not the record)"
+        ],
+        source,
+    )
+
+
 def parse_record_json(text: str | bytes, source: str | None = None) -> LeaderboardRecord:
     """Parse and validate record JSON. NaN/Infinity literals and duplicate keys are rejected:
     JSON parsers disagree on them, so they would make a record mean different things to different readers.
+    Text over :data:`MAX_RECORD_BYTES` is refused before parsing.
     """
+    size = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
+    if size > MAX_RECORD_BYTES:
+        raise _too_big(size, source)
     try:
         data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -389,16 +603,67 @@ def load_record(path: str | os.PathLike[str]) -> LeaderboardRecord:
     """Read and validate one record file (JSON only)."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_RECORD_BYTES:
+                raise _too_big(size, str(path))
+            raw = fh.read(MAX_RECORD_BYTES + 1)  # a file growing under us is still capped
     except OSError as exc:
         raise RecordValidationError([f"cannot read file: {exc.strerror or exc}"], str(path)) from None
     return parse_record_json(raw, str(path))
 
 
+#: A results file (a JSON list of records, as ``srpo bench quick`` writes) holds at most this many.
+MAX_RECORDS_PER_FILE = 256
+
+
+def load_records(path: str | os.PathLike[str]) -> list[LeaderboardRecord]:
+    """One record file, or a results file holding a JSON list of records; each one validated.
+
+    The size limit (:data:`MAX_RECORD_BYTES` per record) is checked on the file before it is read.
+    """
+    path = Path(path)
+    limit = MAX_RECORD_BYTES * MAX_RECORDS_PER_FILE
+    try:
+        with path.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > limit:
+                raise _too_big(size, str(path))
+            raw = fh.read(limit + 1)
+    except OSError as exc:
+        raise RecordValidationError([f"cannot read file: {exc.strerror or exc}"], str(path)) from None
+    if not raw.lstrip().startswith(b"["):
+        return [parse_record_json(raw, str(path))]
+    try:
+        items = json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RecordValidationError([f"not valid record JSON: {exc}"], str(path)) from None
+    if len(items) > MAX_RECORDS_PER_FILE:
+        raise RecordValidationError(
+            [f"{len(items)} records; at most {MAX_RECORDS_PER_FILE} per file"], str(path)
+        )
+    out = []
+    for i, item in enumerate(items):
+        if len(canonical_json(item).encode("utf-8")) > MAX_RECORD_BYTES:
+            raise _too_big(len(canonical_json(item).encode("utf-8")), f"{path}[{i}]")
+        out.append(validate_record(item, f"{path}[{i}]"))
+    return out
+
+
 def dump_record_json(record: LeaderboardRecord) -> str:
     """Git-friendly JSON: sorted keys, indent 2, UTF-8, trailing newline."""
+    return (
+        json.dumps(record_dict(record), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    )
+
+
+def record_dict(record: LeaderboardRecord) -> dict[str, Any]:
+    """The record as JSON data, optional fields left out when unset (so older files round-trip)."""
     data = record.model_dump(mode="json")
-    return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    for key in (*_OPTIONAL_HASHED, "signature"):
+        if data.get(key) is None:
+            data.pop(key, None)
+    return data
 
 
 def package_version(dist: str = "srpo") -> str:
@@ -457,6 +722,9 @@ def make_record(
     version: str | None = None,
     commit: str | None = None,
     repo_dir: str | os.PathLike[str] | None = None,
+    metrics_std: Mapping[str, Mapping[str, float]] | None = None,
+    macro_std: Mapping[str, float] | None = None,
+    evidence: Mapping[str, Any] | None = None,
 ) -> LeaderboardRecord:
     """Build a validated, hashed record, filling what can be derived.
 
@@ -466,6 +734,7 @@ def make_record(
     * ``dataset_sha256``: merged with file hashes of ``dataset_paths``.
     * ``version``/``commit``: :func:`package_version` / :func:`git_commit` (``"unknown"`` fallback).
     * ``date``: now, UTC, second precision. ``name``: ``"<algorithm>/<model id or weights hash>"``.
+    * ``metrics_std``/``macro_std``/``evidence``: optional (see :class:`RecordContent`).
 
     Raises :class:`RecordValidationError` if the result is not a valid record.
     """
@@ -513,6 +782,18 @@ def make_record(
             "date": date if date is not None else _utc_now(),
         },
     }
+    if metrics_std is not None:
+        content["metrics_std"] = {
+            str(d): {str(m): float(v) for m, v in vals.items()} for d, vals in metrics_std.items()
+        }
+    if macro_std is not None:
+        content["macro_std"] = {str(m): float(v) for m, v in macro_std.items()}
+    if evidence is not None:
+        content["evidence"] = {
+            **dict(evidence),
+            "problems": {str(d): _plain_int(n) for d, n in evidence["problems"].items()},
+            "suite_problems": {str(d): _plain_int(n) for d, n in evidence["suite_problems"].items()},
+        }
     try:
         record_hash = compute_record_hash(content)
     except ValidationError as exc:

@@ -15,9 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import atomic_write_text
+from srpo_common import atomic_write_bytes, atomic_write_text
 
+from .evidence import check_evidence, load_samples, samples_path
 from .schema import (
+    MAX_RECORD_BYTES,
     LeaderboardRecord,
     RecordValidationError,
     dump_record_json,
@@ -94,9 +96,27 @@ class LeaderboardStore:
             raise StoreError(f"unsafe record name {name!r}: resolves outside the store")
         return path
 
-    def submit(self, record: LeaderboardRecord | Mapping[str, Any]) -> Path:
-        """Validate and write a record; returns its path. Resubmitting the same record is a no-op."""
+    def submit(
+        self,
+        record: LeaderboardRecord | Mapping[str, Any],
+        samples_file: str | os.PathLike[str] | None = None,
+    ) -> Path:
+        """Validate and write a record; returns its path. Resubmitting the same record is a no-op.
+
+        A record with evidence needs its sample file (``samples_file``): it is checked against the
+        record's sha256 and size and copied to ``samples/<sha256>.jsonl`` in the store.
+        """
         record = validate_record(record)
+        if record.evidence is not None:
+            if samples_file is None:
+                raise StoreError("the record points to per-sample evidence: give its sample file too")
+            sample_set = load_samples(samples_file, record.evidence)
+            errors = check_evidence(record, sample_set)
+            if errors:
+                raise StoreError("evidence does not support the record:\n  - " + "\n  - ".join(errors))
+            target = samples_path(self.root, record.evidence.samples_sha256)
+            if not target.is_file():
+                atomic_write_bytes(target, Path(samples_file).read_bytes())
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path_for(record_filename(record))
         text = dump_record_json(record)
@@ -120,6 +140,11 @@ class LeaderboardStore:
         """Load and validate one record by file name."""
         path = self.path_for(name)
         try:
+            size = path.stat().st_size
+            if size > MAX_RECORD_BYTES:  # refused before reading: a huge file must not cost its size in RAM
+                raise RecordValidationError(
+                    [f"record is {size} bytes; at most {MAX_RECORD_BYTES} are accepted"], path.name
+                )
             raw = path.read_bytes()
         except OSError as exc:
             raise StoreError(f"cannot read record {path.name!r}: {exc.strerror or exc}") from None
@@ -170,9 +195,13 @@ class LeaderboardStore:
         return [rec for rec, errs in scan.values() if rec is not None and not errs]
 
 
-def submit(record: LeaderboardRecord | Mapping[str, Any], store: str | os.PathLike[str]) -> Path:
+def submit(
+    record: LeaderboardRecord | Mapping[str, Any],
+    store: str | os.PathLike[str],
+    samples_file: str | os.PathLike[str] | None = None,
+) -> Path:
     """Functional form of :meth:`LeaderboardStore.submit`."""
-    return LeaderboardStore(store).submit(record)
+    return LeaderboardStore(store).submit(record, samples_file)
 
 
 def load_all(store: str | os.PathLike[str], *, strict: bool = True) -> list[LeaderboardRecord]:

@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from learners.checkpoint import CheckpointError
 from learners.trainer import ALGORITHMS, SHARING, SRPO_NORMS, TrainConfig, train
 
 
@@ -13,7 +14,7 @@ def train_command(
     algo: str = typer.Option("srpo", help=f"one of {', '.join(ALGORITHMS)}"),
     env: str = typer.Option("ProcArith-v0", "--env", help="registered env id"),
     model: str = typer.Option(..., help="model directory or hub id (e.g. from `srpo model sft`)"),
-    out: str = typer.Option("runs/train", help="run directory: metrics.jsonl, checkpoint.pt, final/"),
+    out: str = typer.Option("runs/train", help="run directory: metrics.jsonl, checkpoint/, final/"),
     workflow: str = typer.Option("proposers-aggregator", help="env workflow"),
     env_kwarg: list[str] = typer.Option([], help="extra env kwargs KEY=JSON (repeatable)"),
     sharing: str = typer.Option("shared", help=f"parameter sharing: {', '.join(SHARING)}"),
@@ -35,7 +36,9 @@ def train_command(
     save_every: int = 5,
     seed: int = 0,
     tensorboard: bool = False,
-    resume: bool = typer.Option(False, "--resume", help="continue from OUT/checkpoint.pt"),
+    resume: bool = typer.Option(
+        False, "--resume", help="continue from OUT/checkpoint/ (an error if there is none)"
+    ),
 ) -> None:
     """Train a team of LLM agents on an env with SRPO, GRPO or MAPPO."""
     env_kwargs: dict = {"workflow": workflow}
@@ -71,7 +74,11 @@ def train_command(
         seed=seed,
         tensorboard=tensorboard,
     )
-    history = train(cfg, resume=resume, log=typer.echo)
+    try:
+        history = train(cfg, resume=resume, log=typer.echo)
+    except CheckpointError as exc:  # missing or corrupt checkpoint: one line, not a traceback
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     evals = [(h["iteration"], h["eval_accuracy"]) for h in history if h.get("eval_accuracy") is not None]
     if evals:
         typer.echo(

@@ -4,6 +4,11 @@ The critic sees what no single agent sees: the env's shared state text before ea
 problem and every consumed output so far). Its backbone is a separate copy of the policy's base
 model (so value learning never disturbs the policy) and the value is a linear head on the last
 token's final hidden state.
+
+Input budget: every env's state text puts the question on its first line and appends turns after
+it, so keeping only the tail of a long state (search transcripts, aggregation states) would drop the
+question. :meth:`ValueCritic.fit` keeps the question (head, at most half the budget), a ``[...]``
+marker, and as much of the latest state (tail) as fits.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from torch import Tensor, nn
 
 
 class ValueCritic(nn.Module):
-    """``V(state_text)`` with a transformers backbone; ``max_tokens`` keeps the state's tail."""
+    """``V(state_text)`` with a transformers backbone; ``max_tokens`` bounds the input (head + tail)."""
 
     def __init__(self, backbone: nn.Module, tokenizer: Any, max_tokens: int = 256) -> None:
         super().__init__()
@@ -38,12 +43,24 @@ class ValueCritic(nn.Module):
         backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
         return cls(backbone, tokenizer or AutoTokenizer.from_pretrained(path), max_tokens)
 
+    def fit(self, text: str) -> list[int]:
+        """Token ids of ``text`` within ``max_tokens``: all of it when it fits, else its first line
+        (the question; at most half the budget), a ``[...]`` marker and the tail of the rest."""
+        tok = self.tokenizer
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= self.max_tokens:
+            return ids or [self.pad_id]
+        first, _, rest = text.partition("\n")
+        head = tok(first + "\n", add_special_tokens=False)["input_ids"][: self.max_tokens // 2]
+        marker = tok("[...]\n", add_special_tokens=False)["input_ids"]
+        budget = self.max_tokens - len(head) - len(marker)
+        if budget <= 0:
+            return ids[-self.max_tokens :]
+        return head + marker + tok(rest, add_special_tokens=False)["input_ids"][-budget:]
+
     def encode(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
-        """Right-aligned (left-padded) ids keeping each text's last ``max_tokens`` tokens."""
-        ids = [
-            self.tokenizer(t, add_special_tokens=False)["input_ids"][-self.max_tokens :] or [self.pad_id]
-            for t in texts
-        ]
+        """Right-aligned (left-padded) ids of each text as :meth:`fit` keeps it."""
+        ids = [self.fit(t) for t in texts]
         width = max(len(x) for x in ids)
         input_ids = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(ids), width), dtype=torch.long)

@@ -24,13 +24,23 @@ Conventions shared by every function:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "AGG_MODES",
+    "AGG_UNITS",
+    "DENOMINATOR_UNITS",
     "EVENT_NORMS",
+    "LossConfig",
+    "PolicyLoss",
+    "get_policy_loss",
+    "gspo_loss",
+    "loss_denominator",
+    "members_as_events",
+    "register_policy_loss",
     "LOG_RATIO_CLAMP",
     "POLICY_LOSSES",
     "aggregate",
@@ -51,6 +61,10 @@ LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to ``[-20, 20]`` before ``exp`` (verl uses the same bound)."""
 
 Stats = dict[str, float]
+
+DENOMINATOR_UNITS = ("events", "members", "rows", "tokens")
+"""What a loss averages over: events, members (every row), rows with at least one loss token, loss
+tokens. Gradient accumulation divides every micro-batch's sum by the *whole minibatch's* count."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -114,78 +128,126 @@ def _clip_bounds(clip_eps: float, clip_eps_high: float | None) -> tuple[float, f
 # token-loss aggregation (GRPO / PPO)
 # --------------------------------------------------------------------------------------------------
 
-AggFn = Callable[[Tensor, Tensor, "int | None"], Tensor]
+AggFn = Callable[[Tensor, Tensor, "int | None", "float | None"], Tensor]
 AGG_MODES: dict[str, AggFn] = {}
-"""``loss_agg_mode`` name -> ``fn(loss_mat [R, T], mask [R, T], norm_len) -> scalar``."""
+"""``loss_agg_mode`` name -> ``fn(loss_mat [R, T], mask [R, T], norm_len, denominator) -> scalar``."""
+AGG_UNITS: dict[str, str] = {}
+"""``loss_agg_mode`` name -> the unit its mean is over (``tokens`` or ``rows``, see
+:func:`loss_denominator`)."""
 
 
-def register_agg_mode(name: str) -> Callable[[AggFn], AggFn]:
-    """Register a token-loss aggregation under ``name`` (decorator)."""
+def register_agg_mode(name: str, unit: str = "tokens") -> Callable[[AggFn], AggFn]:
+    """Register a token-loss aggregation under ``name`` whose mean is over ``unit`` (decorator)."""
+    if unit not in DENOMINATOR_UNITS:
+        raise ValueError(f"unit must be one of {DENOMINATOR_UNITS}, got {unit!r}")
 
     def deco(fn: AggFn) -> AggFn:
         AGG_MODES[name] = fn
+        AGG_UNITS[name] = unit
         return fn
 
     return deco
 
 
-def _seq_mean(per_seq: Tensor, mask: Tensor) -> Tensor:
-    """Mean over the rows that have at least one loss token.
+def loss_denominator(unit: str, mask: Tensor, event_index: Tensor | None = None) -> float:
+    """The count a loss with ``unit`` averages over, for the rows ``mask`` (``[R, T]``) and
+    ``event_index`` (``[R]``, needed for ``events``): pass it as ``denominator`` to every
+    micro-batch's loss so their sum equals the loss of the whole batch."""
+    w = mask.to(torch.float64)
+    if unit == "tokens":
+        return float(w.sum())
+    if unit == "rows":
+        return float((w.sum(-1) != 0).sum())
+    if unit == "members":
+        return float(mask.shape[0])
+    if unit == "events":
+        if event_index is None:
+            raise ValueError("the events denominator needs event_index")
+        return float(torch.unique(event_index).numel())
+    raise ValueError(f"unknown denominator unit {unit!r}; known: {DENOMINATOR_UNITS}")
+
+
+def _check_denominator(denominator: float | None) -> None:
+    if denominator is not None and not denominator > 0:
+        raise ValueError(f"denominator must be positive, got {denominator}")
+
+
+def _seq_mean(per_seq: Tensor, mask: Tensor, denominator: float | None = None) -> Tensor:
+    """Mean over the rows that have at least one loss token (or their sum / ``denominator``).
 
     A fully-masked row (e.g. a response made only of environment text) carries no policy signal; we
     leave it out rather than let it dilute the mean.
     """
     has_tokens = _weights(mask, per_seq).sum(-1) != 0
+    if denominator is not None:
+        return masked_sum(per_seq, has_tokens) / denominator
     return masked_mean(per_seq, has_tokens)
 
 
-@register_agg_mode("token-mean")
-def _agg_token_mean(loss_mat: Tensor, mask: Tensor, norm_len: int | None = None) -> Tensor:
+@register_agg_mode("token-mean", unit="tokens")
+def _agg_token_mean(
+    loss_mat: Tensor, mask: Tensor, norm_len: int | None = None, denominator: float | None = None
+) -> Tensor:
     """Mean over all loss tokens of the batch (DAPO / verl default): long outputs weigh more."""
+    if denominator is not None:
+        return masked_sum(loss_mat, mask) / denominator
     return masked_mean(loss_mat, mask)
 
 
-@register_agg_mode("seq-mean-token-mean")
-def _agg_seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, norm_len: int | None = None) -> Tensor:
+@register_agg_mode("seq-mean-token-mean", unit="rows")
+def _agg_seq_mean_token_mean(
+    loss_mat: Tensor, mask: Tensor, norm_len: int | None = None, denominator: float | None = None
+) -> Tensor:
     """Mean over tokens of each row, then mean over rows (original GRPO)."""
-    return _seq_mean(masked_mean(loss_mat, mask, dim=-1), mask)
+    return _seq_mean(masked_mean(loss_mat, mask, dim=-1), mask, denominator)
 
 
-@register_agg_mode("seq-mean-token-sum")
-def _agg_seq_mean_token_sum(loss_mat: Tensor, mask: Tensor, norm_len: int | None = None) -> Tensor:
+@register_agg_mode("seq-mean-token-sum", unit="rows")
+def _agg_seq_mean_token_sum(
+    loss_mat: Tensor, mask: Tensor, norm_len: int | None = None, denominator: float | None = None
+) -> Tensor:
     """Sum over tokens of each row, then mean over rows."""
-    return _seq_mean(masked_sum(loss_mat, mask, dim=-1), mask)
+    return _seq_mean(masked_sum(loss_mat, mask, dim=-1), mask, denominator)
 
 
-@register_agg_mode("seq-mean-token-sum-norm")
-def _agg_seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor, norm_len: int | None = None) -> Tensor:
+@register_agg_mode("seq-mean-token-sum-norm", unit="rows")
+def _agg_seq_mean_token_sum_norm(
+    loss_mat: Tensor, mask: Tensor, norm_len: int | None = None, denominator: float | None = None
+) -> Tensor:
     """Dr.GRPO: sum over tokens / a *constant* length, then mean over rows.
 
-    ``norm_len`` should be the generation budget (max new tokens) so the normaliser does not depend on
-    the batch; it defaults to the padded width ``T`` of ``loss_mat``.
+    ``norm_len`` must be the generation budget (max new tokens) so the normaliser does not depend on
+    the batch (the trainer passes ``max_new_tokens``); without it the padded width ``T`` of
+    ``loss_mat`` is used, which changes with the batch.
     """
     denom = loss_mat.shape[-1] if norm_len is None else norm_len
     if denom <= 0:
         raise ValueError(f"norm_len must be positive, got {denom}")
-    return _seq_mean(masked_sum(loss_mat, mask, dim=-1) / denom, mask)
+    return _seq_mean(masked_sum(loss_mat, mask, dim=-1) / denom, mask, denominator)
 
 
 def aggregate(
-    loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", norm_len: int | None = None
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: str = "token-mean",
+    norm_len: int | None = None,
+    denominator: float | None = None,
 ) -> Tensor:
     """Reduce a ``[R, T]`` per-token loss to a scalar with the aggregation mode ``mode``.
 
     Modes (:data:`AGG_MODES`): ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
     ``seq-mean-token-sum-norm`` (Dr.GRPO, uses ``norm_len``). ``seq-mean-*`` modes average over rows
-    with at least one loss token.
+    with at least one loss token. ``denominator`` replaces this call's own count of the mode's unit
+    (:data:`AGG_UNITS`) — the whole minibatch's count when accumulating micro-batches.
     """
     if loss_mat.shape != mask.shape or loss_mat.ndim != 2:
         raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must both be [R, T]")
+    _check_denominator(denominator)
     try:
         fn = AGG_MODES[mode]
     except KeyError:
         raise ValueError(f"unknown aggregation mode {mode!r}; known: {sorted(AGG_MODES)}") from None
-    return fn(loss_mat, mask, norm_len)
+    return fn(loss_mat, mask, norm_len, denominator)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -194,17 +256,35 @@ def aggregate(
 
 NormFn = Callable[[Tensor], Tensor]
 EVENT_NORMS: dict[str, NormFn] = {}
-"""Event log-ratio normaliser name -> ``c(K)`` (K: float tensor of event cardinalities)."""
+"""Event log-ratio normaliser name -> ``c(K)`` (K: float tensor of event cardinalities). A norm
+registered with ``members_as_events=True`` (``k1``) treats every member as its own event."""
 
 
-def register_event_norm(name: str) -> Callable[[NormFn], NormFn]:
-    """Register ``c(K)`` for :func:`srpo_loss` under ``name`` (decorator)."""
+def register_event_norm(name: str, members_as_events: bool = False) -> Callable[[NormFn], NormFn]:
+    """Register ``c(K)`` for :func:`srpo_loss` under ``name`` (decorator).
+
+    ``members_as_events=True``: the loss splits every event into K one-member events (each with the
+    event's advantage) before applying ``c``; the mean is then over members, not events.
+    """
 
     def deco(fn: NormFn) -> NormFn:
+        fn.members_as_events = members_as_events  # type: ignore[attr-defined]
         EVENT_NORMS[name] = fn
         return fn
 
     return deco
+
+
+def members_as_events(norm: str) -> bool:
+    """Whether the event norm ``norm`` treats every member as its own event (``k1``)."""
+    return bool(getattr(_event_norm(norm), "members_as_events", False))
+
+
+def _event_norm(norm: str) -> NormFn:
+    try:
+        return EVENT_NORMS[norm]
+    except KeyError:
+        raise ValueError(f"unknown event norm {norm!r}; known: {sorted(EVENT_NORMS)}") from None
 
 
 @register_event_norm("sqrt")
@@ -224,6 +304,13 @@ def _norm_sum(k: Tensor) -> Tensor:
 def _norm_mean(k: Tensor) -> Tensor:
     """``c = K``: geometric mean of the member ratios (the most permissive for large K)."""
     return k
+
+
+@register_event_norm("k1", members_as_events=True)
+def _norm_k1(k: Tensor) -> Tensor:
+    """K=1 ablation: every member its own event (a response-level update with the event's
+    advantage); ``c = 1`` on the resulting one-member events."""
+    return torch.ones_like(k)
 
 
 def srpo_loss(
@@ -246,7 +333,8 @@ def srpo_loss(
         event_index: ``LongTensor[R]`` mapping each row to its event ``0..E-1`` (minibatch-local).
         advantages: ``[E]`` one advantage per event; detached.
         clip_eps: PPO clip range on the *event* ratio (lower side, and upper unless ``clip_eps_high``).
-        norm: name in :data:`EVENT_NORMS` (``sqrt`` | ``sum`` | ``mean``).
+        norm: name in :data:`EVENT_NORMS` (``sqrt`` | ``sum`` | ``mean`` | ``k1``: every member its
+            own event, the mean then over members).
         num_events: denominator of the event mean; defaults to ``E``. When one optimiser step is
             accumulated over several minibatches, pass the step's total event count so the sum of the
             minibatch losses equals the full-batch loss.
@@ -268,10 +356,7 @@ def srpo_loss(
             event with no rows.
     """
     _check_token_inputs(logprobs, old_logprobs, mask)
-    try:
-        norm_fn = EVENT_NORMS[norm]
-    except KeyError:
-        raise ValueError(f"unknown event norm {norm!r}; known: {sorted(EVENT_NORMS)}") from None
+    norm_fn = _event_norm(norm)
     num_rows = logprobs.shape[0]
     if event_index.ndim != 1 or event_index.shape[0] != num_rows:
         raise ValueError(f"event_index must be [R={num_rows}], got shape {tuple(event_index.shape)}")
@@ -279,6 +364,11 @@ def srpo_loss(
         raise ValueError(f"event_index must be an integer tensor, got {event_index.dtype}")
     if advantages.ndim != 1 or advantages.shape[0] == 0:
         raise ValueError(f"advantages must be a non-empty [E] tensor, got shape {tuple(advantages.shape)}")
+    if getattr(norm_fn, "members_as_events", False):
+        if int(event_index.min()) < 0 or int(event_index.max()) >= advantages.shape[0]:
+            raise ValueError(f"event_index holds values outside 0..{advantages.shape[0] - 1}")
+        advantages = advantages[event_index.to(device=advantages.device, dtype=torch.long)]
+        event_index = torch.arange(num_rows, device=event_index.device)
     if num_events is not None and num_events <= 0:
         raise ValueError(f"num_events must be positive, got {num_events}")
     n_ev = advantages.shape[0]
@@ -348,6 +438,7 @@ def grpo_loss(
     agg: str = "token-mean",
     clip_eps_high: float | None = None,
     norm_len: int | None = None,
+    denominator: float | None = None,
 ) -> tuple[Tensor, Stats]:
     """Token-level PPO-clip surrogate with per-output (GRPO) or per-token advantages.
 
@@ -358,6 +449,7 @@ def grpo_loss(
         clip_eps / clip_eps_high: clip range ``[1 - clip_eps, 1 + (clip_eps_high or clip_eps)]``.
         agg: token aggregation, a name in :data:`AGG_MODES` (see :func:`aggregate`).
         norm_len: the constant length of ``seq-mean-token-sum-norm`` (Dr.GRPO).
+        denominator: see :func:`aggregate` (gradient accumulation).
 
     Per token: ``r = exp(clamp(lp - old, -20, 20))``, loss ``= max(-A r, -A clip(r))``; then
     ``aggregate``. Stats: ``clip_frac`` (token fraction where the clipped term is active),
@@ -379,7 +471,7 @@ def grpo_loss(
     pg = -adv * ratio
     pg_clipped = -adv * ratio.clamp(lo, hi)
     loss_mat = torch.maximum(pg, pg_clipped)
-    loss = aggregate(loss_mat, mask, agg, norm_len)
+    loss = aggregate(loss_mat, mask, agg, norm_len, denominator)
     with torch.no_grad():
         vals = torch.stack(
             [
@@ -518,9 +610,192 @@ def logprobs_from_logits(logits: Tensor, labels: Tensor, temperature: float = 1.
     return picked - torch.logsumexp(z, dim=-1)
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, Stats]]] = {
-    "srpo": srpo_loss,
-    "grpo": grpo_loss,
-    "ppo": ppo_policy_loss,
-}
-"""Policy-loss name -> function; trainers look the configured loss up here."""
+# --------------------------------------------------------------------------------------------------
+# GSPO: sequence-level, length-normalised ratio
+# --------------------------------------------------------------------------------------------------
+
+
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    denominator: float | None = None,
+) -> tuple[Tensor, Stats]:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization") sequence-level surrogate.
+
+    ``s_i = (pi(y_i|x) / pi_old(y_i|x)) ** (1/|y_i|) = exp(1/|y_i| sum_t mask (lp - old))``: the
+    geometric mean of the token ratios of output ``i``, so one clip range means the same for short and
+    long outputs; clipping acts on the whole sequence:
+    ``loss = -1/G sum_i min(s_i A_i, clip(s_i, 1-eps, 1+eps) A_i)`` over rows with at least one loss
+    token (``denominator`` replaces that count when accumulating). The paper's clip range is far
+    smaller than PPO's (3e-4 / 4e-4) because ``log s_i`` is a per-token average.
+
+    Stats: ``clip_frac`` (rows whose clipped term is active), ``mean_abs_log_ratio`` (mean
+    ``|log s_i|``), ``approx_kl`` (mean ``0.5 log(s_i)^2``).
+    """
+    _check_token_inputs(logprobs, old_logprobs, mask)
+    _check_denominator(denominator)
+    dtype = logprobs.dtype
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"GSPO advantages must be [R], got {tuple(advantages.shape)}")
+    adv = advantages.detach().to(dtype=dtype, device=logprobs.device)
+    lengths = _weights(mask, logprobs).sum(-1)
+    has_tokens = lengths != 0
+    log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask).sum(-1) / lengths.clamp_min(1.0)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    lo, hi = _clip_bounds(clip_eps, clip_eps_high)
+    pg = -adv * ratio
+    pg_clipped = -adv * ratio.clamp(lo, hi)
+    per_seq = torch.maximum(pg, pg_clipped)
+    if denominator is None:
+        loss = masked_mean(per_seq, has_tokens)
+    else:
+        loss = masked_sum(per_seq, has_tokens) / denominator
+    with torch.no_grad():
+        vals = torch.stack(
+            [
+                masked_mean((pg_clipped > pg).to(dtype), has_tokens),
+                masked_mean(0.5 * log_ratio.square(), has_tokens),
+                masked_mean(log_ratio.abs(), has_tokens),
+            ]
+        ).tolist()
+    return loss, {"clip_frac": vals[0], "approx_kl": vals[1], "mean_abs_log_ratio": vals[2]}
+
+
+# --------------------------------------------------------------------------------------------------
+# the policy-loss registry: one signature for every algorithm
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The knobs every registered policy loss receives (each reads what its definition needs).
+
+    ``denominator``: the exact count of the loss's unit (:data:`DENOMINATOR_UNITS`) over the whole
+    minibatch when it is accumulated over micro-batches; None = this call's own count.
+    """
+
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    norm: str = "sqrt"
+    agg: str = "token-mean"
+    norm_len: int | None = None
+    denominator: float | None = None
+
+
+PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, LossConfig], tuple[Tensor, Stats]]
+"""``fn(logprobs [R, T], old_logprobs [R, T], mask [R, T], advantages [R], event_index [R], cfg)``
+-> ``(loss, stats)``. ``advantages`` is per row (rows of an event share their event's advantage);
+``event_index`` maps rows to micro-batch-local events ``0..E-1``."""
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss and the unit its mean is over (a function of the config, since an
+    aggregation mode or an event norm can change it)."""
+
+    name: str
+    fn: PolicyLossFn
+    unit: Callable[[LossConfig], str]
+
+    def __call__(self, *args: Tensor | LossConfig) -> tuple[Tensor, Stats]:
+        return self.fn(*args)  # type: ignore[arg-type]
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+"""Policy-loss name -> :class:`PolicyLoss`; trainers look the configured loss up here."""
+
+
+def register_policy_loss(
+    name: str, unit: str | Callable[[LossConfig], str] = "tokens"
+) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Register a policy loss with the uniform signature :data:`PolicyLossFn` (decorator).
+
+    ``unit``: what the loss averages over (one of :data:`DENOMINATOR_UNITS`), or a function of the
+    :class:`LossConfig` returning it; the trainer computes the whole minibatch's count from it and
+    passes it as ``cfg.denominator`` so micro-batch gradients sum to the big-batch gradient.
+    """
+    if isinstance(unit, str):
+        if unit not in DENOMINATOR_UNITS:
+            raise ValueError(f"unit must be one of {DENOMINATOR_UNITS}, got {unit!r}")
+        fixed = unit
+        unit = lambda cfg: fixed  # noqa: E731
+
+    def deco(fn: PolicyLossFn) -> PolicyLossFn:
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, unit)
+        return fn
+
+    return deco
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The loss registered as ``name``; an unknown name raises with the known ones."""
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}") from None
+
+
+def _event_advantages(advantages: Tensor, event_index: Tensor) -> Tensor:
+    """``[E]`` per-event advantages from per-row ones (rows of an event share the value)."""
+    n = int(event_index.max()) + 1
+    return torch.zeros(n, dtype=advantages.dtype, device=advantages.device).index_copy(
+        0, event_index.to(advantages.device), advantages
+    )
+
+
+@register_policy_loss("srpo", unit=lambda cfg: "members" if members_as_events(cfg.norm) else "events")
+def _srpo_policy_loss(
+    logprobs: Tensor, old: Tensor, mask: Tensor, advantages: Tensor, event_index: Tensor, cfg: LossConfig
+) -> tuple[Tensor, Stats]:
+    """SRPO's event-level clipped surrogate (:func:`srpo_loss`)."""
+    return srpo_loss(
+        logprobs,
+        old,
+        mask,
+        event_index,
+        _event_advantages(advantages, event_index),
+        clip_eps=cfg.clip_eps,
+        norm=cfg.norm,
+        num_events=cfg.denominator,
+        clip_eps_high=cfg.clip_eps_high,
+    )
+
+
+@register_policy_loss("grpo", unit=lambda cfg: AGG_UNITS.get(cfg.agg, "tokens"))
+def _grpo_policy_loss(
+    logprobs: Tensor, old: Tensor, mask: Tensor, advantages: Tensor, event_index: Tensor, cfg: LossConfig
+) -> tuple[Tensor, Stats]:
+    """Token-level PPO clip with per-output advantages (:func:`grpo_loss`); also MAPPO's actor loss."""
+    return grpo_loss(
+        logprobs,
+        old,
+        mask,
+        advantages,
+        clip_eps=cfg.clip_eps,
+        agg=cfg.agg,
+        clip_eps_high=cfg.clip_eps_high,
+        norm_len=cfg.norm_len,
+        denominator=cfg.denominator,
+    )
+
+
+@register_policy_loss("ppo", unit=lambda cfg: AGG_UNITS.get(cfg.agg, "tokens"))
+def _ppo_policy_loss(
+    logprobs: Tensor, old: Tensor, mask: Tensor, advantages: Tensor, event_index: Tensor, cfg: LossConfig
+) -> tuple[Tensor, Stats]:
+    """PPO's token-level clip (MAPPO's per-agent actor update): the same maths as ``grpo``."""
+    return _grpo_policy_loss(logprobs, old, mask, advantages, event_index, cfg)
+
+
+@register_policy_loss("gspo", unit="rows")
+def _gspo_policy_loss(
+    logprobs: Tensor, old: Tensor, mask: Tensor, advantages: Tensor, event_index: Tensor, cfg: LossConfig
+) -> tuple[Tensor, Stats]:
+    """GSPO's sequence-level, length-normalised clipped surrogate (:func:`gspo_loss`)."""
+    return gspo_loss(
+        logprobs, old, mask, advantages, cfg.clip_eps, cfg.clip_eps_high, denominator=cfg.denominator
+    )

@@ -1,11 +1,11 @@
-"""Warm-start a (tiny) model on teacher demonstrations for every role of an env family.
+"""Warm-start a (tiny) model on teacher demonstrations for every role of an env domain.
 
 RL on a randomly initialised model never sees a reward. ``sft`` teaches the output *formats* and a
-first competence. Family ``math``: examples come from playing every math workflow with a scripted
+first competence. Domain ``math``: examples come from playing every math workflow with a scripted
 teacher team (proposers right with probability ``p_correct``; a majority-vote aggregator; a truthful
 verifier; a random router) on the procedural *train* split. Proposer/solver examples are kept only
 where the teacher was right, so the model never imitates wrong arithmetic, while the aggregator and
-verifier see realistic disagreeing candidates. Family ``search``: searchers and aggregator of the
+verifier see realistic disagreeing candidates. Domain ``search``: searchers and aggregator of the
 KB search env, taught by ``ScriptedTeam.search_teacher`` (which reads before it queries), again
 keeping only outputs worth imitating. The loss covers response tokens only.
 
@@ -21,7 +21,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,55 +32,79 @@ from agents.policy import GenerationRequest, PolicyMap, SamplingParams
 from agents.prompts import RolePrompts
 from agents.rollout import RolloutCollector
 from agents.scripted import ScriptedTeam
+from learners.presets import RECIPES
+from srpo_common import atomic_write_text
 from srpo_envs.grading import extract_answer, grade
 from srpo_envs.tasks.procedural import slipped_solution
+
+#: What an SFT run teaches: every role of the math envs, or the searchers and aggregator of the KB search env.
+SFT_DOMAINS = ("math", "search")
 
 
 @dataclass
 class SFTConfig:
-    """Warm-start settings; defaults reach ~20-60% proposers-aggregator accuracy on CPU in minutes."""
+    """Warm-start settings; defaults reach ~20-60% proposers-aggregator accuracy on CPU in minutes.
+
+    Each field's docstring is its ``srpo model sft --help`` text (the options are generated from it).
+    """
 
     steps: int = 1000
+    """Optimizer steps of the first pass."""
     batch_size: int = 16
+    """Examples per optimizer step."""
     lr: float = 2e-3
+    """Peak learning rate of the first pass (linear warmup, then cosine decay to 0)."""
     warmup: int = 50
-    #: A second pass with a fresh optimizer, a lower learning rate and new teacher examples (seed + 1);
-    #: it took the mini model from 11% to 27% on difficulty 1 (see the shipped sft_report.json).
+    """Warmup steps."""
     refine_steps: int = 600
+    """Steps of a second pass with a fresh optimizer, refine_lr and new teacher examples (seed + 1); 0: none."""
     refine_lr: float = 1e-3
+    """Learning rate of the second pass."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     difficulties: tuple[int, ...] = (1, 2)
-    #: math family: the procedural task family (``procedural`` nested arithmetic, ``procedural-columns``
-    #: column addition; see :data:`srpo_envs.tasks.math_data.PROCEDURAL_FAMILIES`)
+    """math: procedural difficulties the examples are drawn from."""
     dataset: str = "procedural"
-    #: column addition only: probability that a correct teacher solution is replaced by the same solution
-    #: with its first carry forgotten (kept as an example although wrong). A warm start with this
-    #: systematic, problem-independent error is the setting where RL on training problems improves
-    #: held-out ones (:func:`srpo_envs.tasks.procedural.slipped_solution`).
+    """math: the procedural dataset, procedural (nested arithmetic) or procedural-columns (column addition)."""
     carry_slip: float = 0.0
+    """procedural-columns: probability that a correct teacher solution is replaced by the same solution
+    with its first carry forgotten (kept although wrong): a systematic, problem-independent error that
+    RL on training problems removes on held-out ones too (srpo_envs.tasks.procedural.slipped_solution)."""
     max_operand: int = 9
+    """math: largest operand of the procedural problems."""
     tasks_per_difficulty: int = 1200
+    """math: procedural train tasks per difficulty (teacher episodes are spread over the workflows)."""
     workflows: tuple[str, ...] = ("proposers-aggregator", "solver-verifier", "routed")
+    """math: the workflows the teacher team plays."""
     p_correct: float = 0.6
+    """Probability that a scripted teacher proposer/searcher is right."""
     seed: int = 0
+    """Seed of the teacher play, the example order and the model's sampling."""
     eval_problems: int = 64
+    """Held-out test problems the warm start is evaluated on."""
     eval_temperature: float = 1.0
+    """Sampling temperature of that evaluation."""
     max_new_tokens: int = 48
-    save_dtype: str = "float32"  # "bfloat16" halves the checkpoint (what the repo ships)
-    #: "math": procedural arithmetic, every math workflow; "search": searchers + aggregator on the KB
-    #: search env (``MultiTurnSearch-v0``), taught by ``ScriptedTeam.search_teacher``.
-    family: str = "math"
-    #: search family: episodes of teacher play per pass (train questions, cycled)
+    """Tokens per response in that evaluation."""
+    save_dtype: str = "float32"
+    """dtype of the saved weights: float32, or bfloat16 for a half-size checkpoint (what the repo ships)."""
+    domain: str = "math"
+    """math: procedural arithmetic, every math workflow; search: searchers + aggregator on the KB search
+    env (MultiTurnSearch-v0), taught by ScriptedTeam.search_teacher."""
     search_episodes: int = 3000
+    """search: episodes of teacher play per pass (train questions, cycled)."""
     kb_seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    """search: seed of the invented knowledge base."""
 
     def __post_init__(self) -> None:
-        if self.family not in SFT_FAMILIES:
-            raise ValueError(f"family must be one of {SFT_FAMILIES}, got {self.family!r}")
+        from srpo_envs.tasks.math_data import PROCEDURAL_FAMILIES
 
-
-SFT_FAMILIES = ("math", "search")
+        if self.domain not in SFT_DOMAINS:
+            raise ValueError(f"domain must be one of {SFT_DOMAINS}, got {self.domain!r}")
+        if self.dataset not in PROCEDURAL_FAMILIES:
+            raise ValueError(f"dataset must be one of {PROCEDURAL_FAMILIES}, got {self.dataset!r}")
+        if self.save_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"save_dtype must be float32 or bfloat16, got {self.save_dtype!r}")
 
 
 def _end_id(tokenizer: Any) -> int:
@@ -92,8 +116,8 @@ def _end_id(tokenizer: Any) -> int:
 
 
 def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list[int], str]]:
-    """(prompt ids, target ids, role) from scripted teacher play on the family's train split."""
-    if cfg.family == "search":
+    """(prompt ids, target ids, role) from scripted teacher play on the domain's train split."""
+    if cfg.domain == "search":
         return build_search_examples(tokenizer, cfg)
     from srpo_envs.math_verify import MathVerifyEnv
 
@@ -140,7 +164,7 @@ def _example(
 
 
 def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list[int], str]]:
-    """Search-family examples: teacher play on the KB train questions, imitable outputs only.
+    """Search-domain examples: teacher play on the KB train questions, imitable outputs only.
 
     The teacher's searchers sometimes query a wrong name, so its aggregator also meets states without
     the evidence (and learns to ask for it); only outputs :func:`search_teacher_correct` accepts become
@@ -273,7 +297,7 @@ def kb_accuracy(
 
 def warm_start_accuracy(policy: HFPolicy, cfg: SFTConfig) -> dict[str, float]:
     """Held-out team accuracy of a warm-started policy, per workflow/difficulty (math) or on the KB."""
-    if cfg.family == "search":
+    if cfg.domain == "search":
         return {
             "parallel/kb": kb_accuracy(
                 policy, cfg.eval_problems, cfg.eval_temperature, cfg.max_new_tokens, kb_seed=cfg.kb_seed
@@ -310,10 +334,10 @@ def run_sft(
     examples = build_examples(policy.tokenizer, cfg)
     source = (
         f"{cfg.search_episodes} KB search episodes"
-        if cfg.family == "search"
+        if cfg.domain == "search"
         else f"{len(cfg.workflows)} workflows x difficulties {cfg.difficulties}"
     )
-    log(f"sft: {len(examples)} {cfg.family} examples from {source}")
+    log(f"sft: {len(examples)} {cfg.domain} examples from {source}")
     losses = train_sft(policy, examples, cfg, log=log)
     if cfg.refine_steps > 0:
         refine = replace(cfg, steps=cfg.refine_steps, lr=cfg.refine_lr, seed=cfg.seed + 1, refine_steps=0)
@@ -340,50 +364,23 @@ def run_sft(
     base_report = Path(model_dir) / "sft_report.json"
     if base_report.is_file():  # a chain of passes: keep the whole recipe with the weights
         report["base_report"] = json.loads(base_report.read_text())
-    tmp = out / "sft_report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, out / "sft_report.json")
+    atomic_write_text(out / "sft_report.json", json.dumps(report, indent=2) + "\n")
     for name, acc in accuracy.items():
-        log(f"warm-started accuracy {name} ({cfg.family} test split, T={cfg.eval_temperature}): {acc:.1%}")
+        log(f"warm-started accuracy {name} ({cfg.domain} test split, T={cfg.eval_temperature}): {acc:.1%}")
     return report
 
 
-#: The shipped warm starts' recipes: SFT passes run one after another, each saved in bfloat16 and
-#: reloaded, exactly as a chain of ``srpo model sft`` commands does. The math model's third pass
-#: (2,000 more steps on fresh seed-2 examples) took held-out difficulty-1 accuracy from 27% to 62%.
-#: The columns model continues the math one on column addition (two passes), then a third pass whose
-#: teacher forgets the first carry in 40% of its solutions (``carry_slip``): a systematic error that
-#: RL removes on held-out problems too (the quick-columns suite).
-_COLUMNS = {
-    "dataset": "procedural-columns",
-    "difficulties": (2, 3),
-    "lr": 1e-3,
-    "warmup": 20,
-    "refine_steps": 0,
-}
-RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
-    "math": ({}, {"steps": 2000, "lr": 1e-3, "refine_steps": 0, "seed": 2}),
-    "columns": (
-        {},
-        {"steps": 2000, "lr": 1e-3, "refine_steps": 0, "seed": 2},
-        {**_COLUMNS, "steps": 300, "seed": 3},
-        {**_COLUMNS, "steps": 1200, "seed": 3},
-        {**_COLUMNS, "steps": 500, "seed": 4, "carry_slip": 0.4},
-    ),
-    "search": ({"family": "search"},),
-}
-
-
 def run_recipe(
-    model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], family: str = "math", log: Any = print
+    model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], recipe: str = "math", log: Any = print
 ) -> dict[str, Any]:
-    """Run the ``family`` recipe's SFT passes from ``model_dir``; the last one is saved to ``out_dir``."""
-    if family not in RECIPES:
-        raise ValueError(f"no recipe for family {family!r}; known: {sorted(RECIPES)}")
+    """Run the SFT passes of ``recipe`` (:data:`learners.presets.RECIPES`) from ``model_dir``; the last
+    one is saved to ``out_dir``, the others beside it as ``<out_dir>-passN``."""
+    if recipe not in RECIPES:
+        raise ValueError(f"no recipe {recipe!r}; known: {sorted(RECIPES)}")
     out = Path(out_dir)
     current = Path(model_dir)
     report: dict[str, Any] = {}
-    stages = RECIPES[family]
+    stages = RECIPES[recipe]
     for i, overrides in enumerate(stages):
         target = out if i == len(stages) - 1 else out.parent / f"{out.name}-pass{i + 1}"
         report = run_sft(current, target, SFTConfig(**{"save_dtype": "bfloat16", **overrides}), log=log)
@@ -391,16 +388,17 @@ def run_recipe(
     return report
 
 
-def warm_start(out_dir: str | os.PathLike[str], family: str = "math", log: Any = print) -> dict[str, Any]:
-    """Rebuild a shipped warm start from scratch: ``init_tiny`` (mini, seed 0) + the family's recipe.
+def warm_start(out_dir: str | os.PathLike[str], recipe: str = "math", log: Any = print) -> dict[str, Any]:
+    """Rebuild a shipped warm start from scratch: ``init_tiny`` (mini, seed 0) + the recipe's SFT passes.
 
     The untrained model goes to ``<out_dir>-init``, intermediate passes to ``<out_dir>-passN``.
     """
     from agents.tiny import init_tiny
 
-    if family not in RECIPES:
-        raise ValueError(f"no recipe for family {family!r}; known: {sorted(RECIPES)}")
+    if recipe not in RECIPES:
+        raise ValueError(f"no recipe {recipe!r}; known: {sorted(RECIPES)}")
     out = Path(out_dir)
     base = out.parent / f"{out.name}-init"
-    init_tiny(base, size="mini", seed=0, family="search" if family == "search" else "math")
-    return run_recipe(base, out, family, log=log)
+    domain = SFTConfig(**RECIPES[recipe][0]).domain  # the tokenizer is trained on the recipe's domain
+    init_tiny(base, size="mini", seed=0, domain=domain)
+    return run_recipe(base, out, recipe, log=log)

@@ -1,33 +1,39 @@
-"""The rollout -> update loop for SRPO, GRPO and MAPPO (one class; the algorithms differ only in wiring).
+"""The rollout -> update loop: one update path for every algorithm, looked up by name.
 
 Per iteration:
 
 1. sample ``tasks_per_iter`` training tasks and roll out ``group_size`` episodes of each
    (:class:`agents.rollout.RolloutCollector`; one batched generate per round);
-2. advantages: SRPO — one group-relative advantage per *event*; GRPO — per output, the team outcome
-   normalised per task group and role; MAPPO — GAE over each episode's events with a centralised
-   critic reading the shared state;
-3. ``epochs`` passes over event-atomic minibatches (:mod:`learners.batching`), each a forward pass of
-   the policy (per distinct model: shared, per-role or LoRA-per-role), the pure loss function from
-   :mod:`learners.losses`, optional k3 KL to a frozen reference and an entropy bonus, gradient
-   clipping and an optimizer step;
+2. build the batch's events once (:func:`learners.batching.build_event_table`: row -> event,
+   event -> comparable group / episode, row -> role, the per-event reward terms) and compute one
+   advantage per row with the estimator the algorithm names (:data:`learners.advantages.ADV_ESTIMATORS`;
+   an algorithm with a critic first gets the critic's per-event values);
+3. ``epochs`` passes over event-atomic minibatches (:mod:`learners.batching`), each collated once;
+   every minibatch is split into event-atomic micro-batches bounded by ``max_tokens_per_microbatch``,
+   each forwarded (per distinct model: shared, per-role or LoRA-per-role), scored by the policy loss
+   the algorithm names (:data:`learners.losses.POLICY_LOSSES`) with the *whole minibatch's*
+   normaliser, plus optional k3 KL to a frozen reference and an entropy bonus, and back-propagated;
+   then one gradient clip and one optimizer step per minibatch (so the gradient equals one big batch's
+   while peak memory follows the micro-batch);
 4. diagnostics to ``metrics.jsonl`` (and TensorBoard), held-out evaluation every ``eval_every``
    iterations, and a checkpoint (weights, optimizer, scheduler, RNG states, iteration) that
    ``resume`` continues from bit-identically on CPU.
 
-Everything random is seeded from ``(seed, iteration)``, so a resumed run replays exactly what the
-uninterrupted run would have done.
+The algorithms (:data:`learners.algorithms.ALGORITHMS`: srpo, grpo, dr-grpo, gspo, dr-mas, at-grpo,
+rloo, mappo) differ only in the estimator / loss / defaults they name; the loop never branches on
+the name. Everything random is seeded from ``(seed, iteration)``, so a resumed run replays exactly
+what the uninterrupted run would have done.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -35,83 +41,187 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.hf import HFPolicy, adapter_scope, default_lora_config
+from agents.hf import HFPolicy, adapter_scope, default_lora_config, lora_policy_map
 from agents.policy import PolicyMap, SamplingParams
 from agents.rollout import RolloutBatch, RolloutCollector
-from agents.rows import Row
-from learners.advantages import event_advantages_from_rows, gae, grpo_output_advantages
-from learners.batching import collate, event_minibatches, gather_response_logprobs
+from learners import checkpoint as ckpt
+from learners.advantages import ADV_SCALES, AdvantageConfig, AdvantageResult, get_adv_estimator
+from learners.algorithms import ALGORITHMS, Algorithm, get_algorithm  # noqa: F401 (re-exported)
+from learners.batching import (
+    Batch,
+    EventTable,
+    MiniBatch,
+    build_event_table,
+    event_minibatches,
+    gather_response_logprobs,
+    micro_batch_bounds,
+)
 from learners.critic import ValueCritic
 from learners.losses import (
+    AGG_MODES,
+    EVENT_NORMS,
+    LossConfig,
     entropy_from_logits,
-    grpo_loss,
+    get_policy_loss,
     kl_k3,
-    masked_mean,
-    ppo_policy_loss,
-    srpo_loss,
+    loss_denominator,
+    masked_sum,
     value_loss,
 )
 
-ALGORITHMS = ("srpo", "grpo", "mappo")
-#: SRPO set normalisations, plus ``k1``: every output its own event (a response-level update).
-SRPO_NORMS = ("sqrt", "sum", "mean", "k1")
+#: SRPO set normalisations (``k1``: every output its own event, a response-level update).
+SRPO_NORMS = tuple(EVENT_NORMS)
 SHARING = ("shared", "per-role", "lora")
+DTYPES = ("float32", "bfloat16", "float64")
 
 
 @dataclass
 class TrainConfig:
-    """All knobs of a training run (saved with every checkpoint; hashed into leaderboard records)."""
+    """All knobs of a training run (saved with every checkpoint; hashed into leaderboard records).
+
+    The ``srpo train`` options are generated from these fields; each field's docstring is its
+    ``--help`` text. Fields left ``None`` take the algorithm's default (:mod:`learners.algorithms`).
+    """
 
     algo: str = "srpo"
+    """algorithm: srpo, grpo, dr-grpo, gspo, dr-mas, at-grpo, rloo, mappo (or any registered one)"""
     model: str = ""
+    """model directory or hub id (e.g. from `srpo model sft`)"""
     out_dir: str = "runs/train"
+    """run directory: metrics.jsonl, checkpoint, final/"""
     env_id: str = "ProcArith-v0"
+    """registered env id"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """env keyword arguments (the env's own workflow unless `workflow` is given here)"""
     eval_env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
+    """env keyword arguments overridden for held-out evaluation"""
     sharing: str = "shared"
+    """parameter sharing across roles: shared, per-role, lora"""
     iterations: int = 30
+    """rollout -> update iterations"""
     tasks_per_iter: int = 8
+    """distinct training tasks per iteration"""
     group_size: int = 4
+    """rollouts per task (the G of group-relative advantages)"""
     epochs: int = 2
+    """passes over each rollout batch (more than one: off-policy updates, rho != 1)"""
     rows_per_batch: int = 64
-    #: rows per forward pass inside a minibatch (length-bucketed; the loss still spans the minibatch)
+    """rows per minibatch, i.e. per optimizer step (events are never split)"""
+    minibatches_per_iter: int | None = None
+    """split each rollout batch into this many minibatches (overrides rows_per_batch)"""
     forward_rows: int = 64
+    """rows per forward pass inside a micro-batch (length-bucketed)"""
+    max_tokens_per_microbatch: int | None = None
+    """prompt+response tokens per micro-batch: backward per micro-batch, one optimizer step per
+    minibatch, the gradient equal to the whole minibatch's (None: the minibatch is one micro-batch)"""
     lr: float = 3e-4
+    """policy learning rate (AdamW)"""
     warmup: int = 0
+    """linear warm-up steps of the learning rate"""
     weight_decay: float = 0.0
+    """AdamW weight decay"""
     max_grad_norm: float = 1.0
+    """gradient clipping norm"""
     clip_eps: float = 0.2
+    """clip range of the ratio (event ratio for SRPO, token ratio for GRPO/PPO, sequence ratio for GSPO)"""
+    clip_eps_high: float | None = None
+    """upper clip range (DAPO clip-higher); None: clip_eps"""
     norm: str = "sqrt"
-    agg: str = "token-mean"
+    """SRPO set normalisation: sqrt, sum, mean, k1"""
+    agg: str | None = None
+    """token-loss aggregation of GRPO-style losses (None: the algorithm's, token-mean for most)"""
+    adv_scale: str | None = None
+    """group-relative advantage scale: std or none (None: the algorithm's; dr-grpo uses none)"""
+    adv_estimator: str | None = None
+    """override the algorithm's advantage estimator (a name in ADV_ESTIMATORS)"""
+    policy_loss: str | None = None
+    """override the algorithm's policy loss (a name in POLICY_LOSSES)"""
     kl_coef: float = 0.0
+    """weight of the k3 KL to the frozen initial policy"""
     entropy_coef: float = 0.0
+    """weight of the entropy bonus"""
     temperature: float = 1.0
+    """sampling temperature (the log-probs are computed at the same temperature)"""
     top_p: float = 1.0
+    """nucleus sampling; must be 1 for training (the behaviour log-probs are full-softmax ones)"""
     max_new_tokens: int = 48
+    """generation budget per output; also Dr.GRPO's constant length normaliser"""
     critic_lr: float = 1e-3
+    """learning rate of a critic (MAPPO)"""
+    critic_max_tokens: int = 256
+    """critic input budget: the question (head) plus as much of the latest state (tail) as fits"""
     gamma: float = 1.0
+    """GAE discount (MAPPO)"""
     gae_lambda: float = 0.95
+    """GAE lambda (MAPPO)"""
     vf_clip: float = 0.2
+    """value-loss clip (MAPPO)"""
     lora_rank: int = 8
+    """LoRA rank for sharing=lora"""
+    device: str = "cpu"
+    """auto, cpu, cuda or cuda:<i> (auto: cuda when available)"""
+    dtype: str = "float32"
+    """float32, bfloat16 (autocast with float32 master weights and float32 log-prob math) or float64"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, ~30% more compute)"""
     eval_every: int = 10
+    """held-out evaluation every N iterations (0: never)"""
     eval_problems: int = 64
+    """held-out tasks per evaluation"""
     eval_k: int = 1
+    """samples per held-out task"""
     save_every: int = 5
+    """checkpoint every N iterations (0: never)"""
     seed: int = 0
+    """seed of everything random"""
     tensorboard: bool = False
+    """also log to OUT/tb"""
 
     def __post_init__(self) -> None:
-        if self.algo not in ALGORITHMS:
-            raise ValueError(f"algo must be one of {ALGORITHMS}, got {self.algo!r}")
-        if self.norm not in SRPO_NORMS:
-            raise ValueError(f"norm must be one of {SRPO_NORMS}, got {self.norm!r}")
+        spec = get_algorithm(self.algo)  # unknown: raises with the known names
+        get_adv_estimator(self.adv_estimator or spec.estimator)
+        get_policy_loss(self.policy_loss or spec.loss)
+        if self.norm not in EVENT_NORMS:
+            raise ValueError(f"norm must be one of {sorted(EVENT_NORMS)}, got {self.norm!r}")
         if self.sharing not in SHARING:
             raise ValueError(f"sharing must be one of {SHARING}, got {self.sharing!r}")
+        agg = self.resolved("agg")
+        if agg is not None and agg not in AGG_MODES:
+            raise ValueError(f"agg must be one of {sorted(AGG_MODES)}, got {agg!r}")
+        scale = self.resolved("adv_scale")
+        if scale is not None and scale not in ADV_SCALES:
+            raise ValueError(f"adv_scale must be one of {ADV_SCALES}, got {scale!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:<i>, got {self.device!r}")
         sizes = (self.iterations, self.tasks_per_iter, self.group_size, self.epochs, self.rows_per_batch)
         if min(*sizes, self.forward_rows) < 1:
             raise ValueError(
                 "iterations, tasks_per_iter, group_size, epochs, rows_per_batch and forward_rows must be >= 1"
             )
+        for name in ("minibatches_per_iter", "max_tokens_per_microbatch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or None), got {value}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_p < 1.0:
+            # The sampler records log p(token) under the full softmax, but a nucleus sample was drawn
+            # from the renormalised truncated distribution, so rho = pi / mu would be off by the
+            # nucleus mass on every token (and the trainer's pi is a full-softmax one too).
+            raise ValueError(
+                "top_p < 1 is not supported for training: the behaviour log-probs are full-softmax "
+                "log-probs, not those of the truncated nucleus the tokens were drawn from, so the "
+                "importance ratio would be wrong. Use top_p=1 (temperature still applies)."
+            )
+
+    def resolved(self, name: str) -> Any:
+        """``getattr(self, name)``, or the algorithm's default when the field is None."""
+        value = getattr(self, name)
+        if value is None:
+            return get_algorithm(self.algo).defaults.get(name, _FALLBACKS.get(name))
+        return value
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -122,8 +232,36 @@ class TrainConfig:
         return cls(**d)
 
 
+#: Values of the ``None``-means-algorithm-default fields when the algorithm sets none.
+_FALLBACKS: dict[str, Any] = {"agg": "token-mean", "adv_scale": "std"}
+
+
 def _iteration_seed(seed: int, iteration: int, salt: int = 0) -> int:
     return int(np.random.SeedSequence([seed, iteration, salt]).generate_state(1)[0])
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> ``cuda`` when available else ``cpu``; ``cuda[:i]`` must be available."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available (use --device cpu or auto)")
+    return dev
+
+
+@contextmanager
+def _train_mode(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """``model.train()`` for the duration when ``on`` (transformers applies gradient checkpointing
+    only in training mode); restores the previous mode."""
+    if not on or model.training:
+        yield
+        return
+    model.train()
+    try:
+        yield
+    finally:
+        model.eval()
 
 
 class Trainer:
@@ -136,6 +274,10 @@ class Trainer:
         self.log = log or (lambda s: None)
         self._quiet = log is None
         self.out = Path(cfg.out_dir)
+        self.algorithm: Algorithm = get_algorithm(cfg.algo)
+        self.device = resolve_device(cfg.device)
+        #: master-weight dtype: float32 for float32 and bfloat16 (autocast), float64 for exact tests
+        self.param_dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
@@ -178,8 +320,9 @@ class Trainer:
                     self.ref_models[key] = ref
         self.critic: ValueCritic | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
-        if cfg.algo == "mappo":
-            self.critic = ValueCritic.from_pretrained(cfg.model)
+        if self.algorithm.critic:
+            self.critic = ValueCritic.from_pretrained(cfg.model, max_tokens=cfg.critic_max_tokens)
+            self.critic.to(device=self.device, dtype=self.param_dtype)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
         self.iteration = 0
         self._tb: Any = None
@@ -189,13 +332,20 @@ class Trainer:
         cfg = self.cfg
         if not cfg.model:
             raise ValueError("TrainConfig.model must name a model directory or hub id")
+
+        def load() -> HFPolicy:
+            pol = HFPolicy(cfg.model, device=self.device, dtype=self.param_dtype)
+            if cfg.gradient_checkpointing:
+                pol.model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
+            return pol
+
         if cfg.sharing == "shared":
-            return PolicyMap.shared(HFPolicy(cfg.model), self.roles)
+            return PolicyMap.shared(load(), self.roles)
         if cfg.sharing == "per-role":
-            return PolicyMap.per_role({role: HFPolicy(cfg.model) for role in self.roles})
-        return PolicyMap.lora_per_role(
-            HFPolicy(cfg.model), self.roles, lora_config=default_lora_config(r=cfg.lora_rank)
-        )
+            return PolicyMap.per_role({role: load() for role in self.roles})
+        return lora_policy_map(load(), self.roles, lora_config=default_lora_config(r=cfg.lora_rank))
 
     def _distinct_models(self) -> list[HFPolicy]:
         """One policy per distinct model object (LoRA views of one base count once)."""
@@ -212,175 +362,189 @@ class Trainer:
         }
 
     # ------------------------------------------------------------------ advantages
-    def _advantages(self, batch: RolloutBatch) -> tuple[dict[str, float], dict[int, float], dict[str, Any]]:
-        """Event-level (SRPO) or row-level (GRPO, MAPPO) advantages, plus critic targets for MAPPO."""
-        rows = batch.rows
-        extra: dict[str, Any] = {}
-        if self.cfg.algo == "srpo":
-            ids, adv = event_advantages_from_rows(rows)
-            return dict(zip(ids, adv.tolist(), strict=True)), {}, extra
-        if self.cfg.algo == "grpo":
-            adv = grpo_output_advantages(rows)
-            return {}, dict(enumerate(adv.tolist())), extra
-        # MAPPO: GAE over each episode's events; value targets per event state
-        assert self.critic is not None
-        first_row: dict[str, Row] = {}
-        for r in rows:
-            first_row.setdefault(r.event_id, r)
-        by_episode: dict[str, list[Row]] = {}
-        for r in first_row.values():
-            by_episode.setdefault(r.episode_id, []).append(r)
-        event_adv: dict[str, float] = {}
-        returns: dict[str, float] = {}
-        texts = [r.state_text for r in first_row.values()]
-        with torch.no_grad():
-            values_all = self.critic(texts).double().tolist() if texts else []
-        value_of = dict(zip(first_row.keys(), values_all, strict=True))
-        for events in by_episode.values():
-            events.sort(key=lambda r: r.step)
-            outcome = events[-1].outcome_reward
-            # event reward: its format penalty at every step, the team outcome at the last one
-            rew = [
-                (e.reward - e.outcome_reward) + (outcome if i == len(events) - 1 else 0.0)
-                for i, e in enumerate(events)
-            ]
-            vals = [value_of[e.event_id] for e in events] + [0.0]
-            adv, ret = gae(
-                torch.tensor(rew, dtype=torch.float64),
-                torch.tensor(vals, dtype=torch.float64),
-                gamma=self.cfg.gamma,
-                lam=self.cfg.gae_lambda,
-            )
-            for e, a, g in zip(events, adv.tolist(), ret.tolist(), strict=True):
-                event_adv[e.event_id] = a
-                returns[e.event_id] = g
-        # Standard PPO advantage whitening, but never blow up noise: below 1e-2 spread, only centre.
-        values = np.array(list(event_adv.values()))
-        mean, std = (values.mean(), values.std()) if len(values) else (0.0, 1.0)
-        scale = std if std > 1e-2 else 1.0
-        row_adv = {i: (event_adv[r.event_id] - mean) / scale for i, r in enumerate(rows)}
-        extra.update(returns=returns, old_values=value_of)
-        return {}, row_adv, extra
+    def _advantages(self, table: EventTable) -> AdvantageResult:
+        """Per-row advantages from the estimator the algorithm names (critic values if it has one)."""
+        cfg = self.cfg
+        values = None
+        if self.critic is not None:
+            with torch.no_grad():
+                values = self.critic([r.state_text for r in table.first_rows()]).double().cpu()
+        self._event_values = values
+        estimator = get_adv_estimator(cfg.adv_estimator or self.algorithm.estimator)
+        adv_cfg = AdvantageConfig(scale=cfg.resolved("adv_scale"), gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
+        return estimator(table, adv_cfg, values)
+
+    def _loss_config(self, denominator: float | None = None) -> LossConfig:
+        cfg = self.cfg
+        return LossConfig(
+            clip_eps=cfg.clip_eps,
+            clip_eps_high=cfg.clip_eps_high,
+            norm=cfg.norm,
+            agg=cfg.resolved("agg"),
+            norm_len=cfg.max_new_tokens,
+            denominator=denominator,
+        )
 
     # ------------------------------------------------------------------ update
+    def _autocast(self) -> Any:
+        if self.cfg.dtype == "bfloat16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
     def _policy_logprobs(
-        self, rows: list[Row], batch_t: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[R, T] log-probs under the current policies, entropy and reference log-probs (if KL)."""
+        self, rows: list[Any], batch: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``[R, T]`` log-probs of ``batch`` under the current policies, entropy and reference
+        log-probs (None unless the entropy bonus / KL is on). ``rows`` are ``batch``'s rows."""
+        cfg = self.cfg
+        batch_t = batch.response_width
         groups: dict[int, tuple[HFPolicy, list[int]]] = {}
         for i, r in enumerate(rows):
             pol = self.policies[r.role]
             groups.setdefault(id(pol), (pol, []))[1].append(i)
-        logprobs = torch.zeros((len(rows), batch_t))
-        entropy = torch.zeros((len(rows), batch_t))
-        ref = torch.zeros((len(rows), batch_t))
         chunks: list[tuple[HFPolicy, list[int]]] = []
         for pol, idx in groups.values():
             # Length-sorted chunks: proposer prompts are short, aggregator prompts hold every candidate;
             # padding them to one width would multiply the forward cost (and memory) by the ratio.
             idx = sorted(idx, key=lambda i: (len(rows[i].prompt_ids), len(rows[i].response_ids)))
-            step = self.cfg.forward_rows
+            step = cfg.forward_rows
             chunks.extend((pol, idx[j : j + step]) for j in range(0, len(idx), step))
+        logprobs = entropy = ref = None
+        shape = (len(rows), batch_t)
         for pol, idx in chunks:
-            sub = collate([rows[i] for i in idx], pol.pad_id)
+            sub = batch.take(idx)
             t = sub.response_width
-            with adapter_scope(pol.model, pol.adapter_name):
+            with (
+                adapter_scope(pol.model, pol.adapter_name),
+                self._autocast(),
+                _train_mode(pol.model, cfg.gradient_checkpointing),
+            ):
                 logits = pol.model(**sub.model_inputs(), logits_to_keep=t + 1).logits
-            lp = gather_response_logprobs(logits, sub, self.cfg.temperature)
-            index = torch.tensor(idx)
+            lp = gather_response_logprobs(logits, sub, cfg.temperature)
+            index = torch.tensor(idx, device=lp.device)
+            if logprobs is None:
+                logprobs = torch.zeros(shape, dtype=lp.dtype, device=lp.device)
             logprobs = logprobs.index_put((index,), torch.nn.functional.pad(lp, (0, batch_t - t)))
-            if self.cfg.entropy_coef > 0:
-                resp_logits = logits[:, -t - 1 : -1] / max(self.cfg.temperature, 1e-6)
+            if cfg.entropy_coef > 0:
+                resp_logits = logits[:, -t - 1 : -1] / max(cfg.temperature, 1e-6)
                 ent = entropy_from_logits(resp_logits)
+                if entropy is None:
+                    entropy = torch.zeros(shape, dtype=ent.dtype, device=ent.device)
                 entropy = entropy.index_put((index,), torch.nn.functional.pad(ent, (0, batch_t - t)))
-            if self.cfg.kl_coef > 0:
-                with torch.no_grad(), adapter_scope(pol.model, pol.adapter_name):
+            if cfg.kl_coef > 0:
+                with torch.no_grad(), adapter_scope(pol.model, pol.adapter_name), self._autocast():
                     ref_logits = self.ref_models[id(pol.model)](
                         **sub.model_inputs(), logits_to_keep=t + 1
                     ).logits
-                ref_lp = gather_response_logprobs(ref_logits, sub, self.cfg.temperature)
+                ref_lp = gather_response_logprobs(ref_logits, sub, cfg.temperature)
+                if ref is None:
+                    ref = torch.zeros(shape, dtype=ref_lp.dtype, device=ref_lp.device)
                 ref = ref.index_put((index,), torch.nn.functional.pad(ref_lp, (0, batch_t - t)))
+        assert logprobs is not None
         return logprobs, entropy, ref
 
-    def _update(self, batch: RolloutBatch, iteration: int) -> dict[str, float]:
+    def _rows_per_batch(self, table: EventTable) -> int:
+        """``rows_per_batch``, or the size that splits the batch into ``minibatches_per_iter``."""
+        n = self.cfg.minibatches_per_iter
+        if n is None:
+            return self.cfg.rows_per_batch
+        rows = sum(len(r) for r, ok in zip(table.event_rows, table.complete, strict=True) if ok)
+        return max(1, math.ceil(rows / n))
+
+    def _update(self, batch: RolloutBatch, iteration: int) -> dict[str, Any]:
+        """Advantages once, then ``epochs`` x minibatches of (micro-batched) loss and one step each."""
         cfg = self.cfg
-        rows = batch.rows
-        event_adv, row_adv, extra = self._advantages(batch)
-        row_pos = {id(r): i for i, r in enumerate(rows)}
+        table = build_event_table(batch.rows)
+        adv = self._advantages(table)
+        loss_fn = get_policy_loss(cfg.policy_loss or self.algorithm.loss)
+        unit = loss_fn.unit(self._loss_config())
         stats: dict[str, list[float]] = {}
         dropped = 0
         for epoch in range(cfg.epochs):
             mbs = event_minibatches(
-                rows, rows_per_batch=cfg.rows_per_batch, seed=_iteration_seed(cfg.seed, iteration, 1 + epoch)
+                table,
+                rows_per_batch=self._rows_per_batch(table),
+                seed=_iteration_seed(cfg.seed, iteration, 1 + epoch),
             )
             dropped = mbs.dropped_events
             for mb in mbs:
-                full = collate(mb.rows, pad_id=0, event_index=mb.event_index)
-                lp, ent, ref = self._policy_logprobs(mb.rows, full.response_width)
-                mask, old = full.response_mask, full.old_logprobs
-                if cfg.algo == "srpo":
-                    adv_e = mb.event_values(event_adv)
-                    if cfg.norm == "k1":
-                        loss, st = srpo_loss(
-                            lp,
-                            old,
-                            mask,
-                            torch.arange(len(mb.rows)),
-                            adv_e[full.event_index],
-                            clip_eps=cfg.clip_eps,
-                            norm="sum",
-                        )
-                    else:
-                        loss, st = srpo_loss(
-                            lp, old, mask, full.event_index, adv_e, clip_eps=cfg.clip_eps, norm=cfg.norm
-                        )
-                else:
-                    adv_r = torch.tensor([row_adv[row_pos[id(r)]] for r in mb.rows], dtype=lp.dtype)
-                    if cfg.algo == "grpo":
-                        loss, st = grpo_loss(lp, old, mask, adv_r, clip_eps=cfg.clip_eps, agg=cfg.agg)
-                    else:
-                        loss, st = ppo_policy_loss(lp, old, mask, adv_r, clip_eps=cfg.clip_eps, agg=cfg.agg)
-                if cfg.kl_coef > 0:
-                    kl = masked_mean(kl_k3(lp, ref), mask)
-                    loss = loss + cfg.kl_coef * kl
-                    st["kl_ref"] = float(kl.detach())
-                if cfg.entropy_coef > 0:
-                    entropy = masked_mean(ent, mask)
-                    loss = loss - cfg.entropy_coef * entropy
-                    st["entropy"] = float(entropy.detach())
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-                self.optimizer.step()
-                self.scheduler.step()
-                st.update(loss=float(loss.detach()), grad_norm=float(grad_norm))
-                if cfg.algo == "mappo":
-                    st.update(self._critic_step(mb.rows, extra))
+                st = self._minibatch_step(mb, table, adv, loss_fn, unit)
+                if self.critic is not None:
+                    st.update(self._critic_step(mb, table, adv))
                 for k, v in st.items():
                     stats.setdefault(k, []).append(float(v))
         for pol in self.policies.policies:
             pol.bump_version()
-        out = {k: float(np.mean(v)) for k, v in stats.items()}
-        if "max_k" in stats:
-            out["max_k"] = float(np.max(stats["max_k"]))
-        out["events_dropped"] = float(dropped)
+        # Per-minibatch diagnostics averaged over the iteration's optimizer steps, namespaced by who
+        # produced them; K statistics describe the rollout batch (not a minibatch).
+        out: dict[str, Any] = {}
+        for k, v in stats.items():
+            if k in ("mean_k", "max_k"):
+                continue
+            out[k if "/" in k else f"actor/{k}"] = float(np.mean(v))
+        out.update(adv.stats)
+        ks = table.event_k.double()
+        out["rollout/mean_k"] = float(ks.mean())
+        out["rollout/max_k"] = float(ks.max())
+        out["rollout/k_hist"] = {str(k): n for k, n in table.k_histogram().items()}
+        out["rollout/events_dropped"] = float(dropped)
         return out
 
-    def _critic_step(self, rows: list[Row], extra: dict[str, Any]) -> dict[str, float]:
+    def _minibatch_step(
+        self, mb: MiniBatch, table: EventTable, adv: AdvantageResult, loss_fn: Any, unit: str
+    ) -> dict[str, float]:
+        """Collate once, backward per event-atomic micro-batch with the whole minibatch's
+        normaliser (so the accumulated gradient equals the one-big-batch gradient), one step."""
+        cfg = self.cfg
+        pad_id = self.policies.policies[0].pad_id
+        full = mb.collate(pad_id, dtype=self.param_dtype, table=table, advantages=adv.advantages)
+        full = full.to(self.device)
+        loss_cfg = self._loss_config(loss_denominator(unit, full.response_mask, full.event_index))
+        tokens = loss_denominator("tokens", full.response_mask)
+        bounds = micro_batch_bounds(mb.rows, mb.event_index, cfg.max_tokens_per_microbatch)
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        micro: list[dict[str, float]] = []
+        for start, end in bounds:
+            sub = full if (start, end) == (0, full.num_rows) else full.take(range(start, end))
+            lp, ent, ref = self._policy_logprobs(mb.rows[start:end], sub)
+            mask = sub.response_mask
+            assert sub.advantages is not None and sub.event_index is not None
+            loss, st = loss_fn(lp, sub.old_logprobs, mask, sub.advantages, sub.event_index, loss_cfg)
+            if ref is not None:
+                kl = masked_sum(kl_k3(lp, ref), mask) / max(tokens, 1.0)
+                loss = loss + cfg.kl_coef * kl
+                st["kl_ref"] = float(kl.detach())
+            if ent is not None:
+                entropy = masked_sum(ent, mask) / max(tokens, 1.0)
+                loss = loss - cfg.entropy_coef * entropy
+                st["entropy"] = float(entropy.detach())
+            loss.backward()
+            total += float(loss.detach())
+            micro.append(st)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        out = {k: float(np.mean([m[k] for m in micro if k in m])) for k in micro[0]}
+        if "max_k" in out:
+            out["max_k"] = float(max(m["max_k"] for m in micro))
+        out.update(loss=total, grad_norm=float(grad_norm))
+        return out
+
+    def _critic_step(self, mb: MiniBatch, table: EventTable, adv: AdvantageResult) -> dict[str, float]:
+        """One value-loss step on the minibatch's events (their states, old values and returns)."""
         assert self.critic is not None and self.critic_optimizer is not None
-        seen: dict[str, Row] = {}
-        for r in rows:
-            seen.setdefault(r.event_id, r)
-        ids = list(seen)
-        values = self.critic([seen[e].state_text for e in ids])
-        old = torch.tensor([extra["old_values"][e] for e in ids], dtype=values.dtype)
-        ret = torch.tensor([extra["returns"][e] for e in ids], dtype=values.dtype)
+        assert mb.event_pos is not None and adv.returns is not None and self._event_values is not None
+        pos = mb.event_pos
+        values = self.critic([table.event_row(e).state_text for e in pos.tolist()])
+        old = self._event_values[pos].to(device=values.device, dtype=values.dtype)
+        ret = adv.returns[pos].to(device=values.device, dtype=values.dtype)
         vloss, vstats = value_loss(values, old, ret, clip_eps=self.cfg.vf_clip)
         self.critic_optimizer.zero_grad(set_to_none=True)
         vloss.backward()
         torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm)
         self.critic_optimizer.step()
-        return {"value_loss": float(vloss.detach()), **{f"v_{k}": v for k, v in vstats.items()}}
+        return {"critic/value_loss": float(vloss.detach()), **{f"critic/{k}": v for k, v in vstats.items()}}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, n: int | None = None, k: int | None = None, seed: int = 10_007) -> float:
@@ -393,7 +557,7 @@ class Trainer:
     def train(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
-        history = self._read_metrics()
+        history = self._start_metrics()
         if cfg.eval_every and self.iteration == 0 and not history:
             acc = self.evaluate()
             self._append_metrics({"iteration": 0, "eval_accuracy": acc})
@@ -445,29 +609,37 @@ class Trainer:
                 self.save_checkpoint()
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(acc=f"{batch.accuracy:.2f}", loss=f"{stats.get('loss', float('nan')):.3f}")
+                loss = stats.get("actor/loss", float("nan"))
+                bar.set_postfix(acc=f"{batch.accuracy:.2f}", loss=f"{loss:.3f}")
         if bar is not None:
             bar.close()
         self.export(self.out / "final")
         return history
 
     # ------------------------------------------------------------------ persistence
+    # Formats, atomic publishing, hashing and the distributed contract live in learners.checkpoint.
     @property
     def metrics_path(self) -> Path:
         return self.out / "metrics.jsonl"
 
     def _read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics_path.exists():
+        return ckpt.read_metrics(self.metrics_path)
+
+    def _start_metrics(self) -> list[dict[str, Any]]:
+        """Metrics history at the start of :meth:`train`: empty for a fresh run, else cut to the iteration.
+
+        A fresh run (iteration 0) deletes a stale ``metrics.jsonl`` instead of appending to it, so an
+        iteration is never logged twice; a resumed run keeps only rows its checkpoint covers.
+        """
+        if self.iteration == 0:
+            stale = ckpt.reset_metrics(self.metrics_path)
+            if stale:
+                self.log(f"fresh start: removed {stale} stale rows of {self.metrics_path}")
             return []
-        with self.metrics_path.open() as fh:
-            return [json.loads(line) for line in fh if line.strip()]
+        return ckpt.trim_metrics(self.metrics_path, self.iteration)
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(clean) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        ckpt.append_metrics(self.metrics_path, record)
         if self.cfg.tensorboard:
             if self._tb is None:
                 from torch.utils.tensorboard import SummaryWriter
@@ -479,14 +651,18 @@ class Trainer:
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.out / "checkpoint.pt"
+        """The run's checkpoint directory (see :mod:`learners.checkpoint` for its files)."""
+        return self.out / ckpt.CHECKPOINT_DIR
 
-    def save_checkpoint(self) -> Path:
-        """Everything needed to continue bit-identically, written atomically."""
-        state = {
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything needed to continue bit-identically: full weights, optimizer, scheduler, RNGs."""
+        return {
             "iteration": self.iteration,
             "config": asdict(self.cfg),
-            "models": self._model_states(),
+            "models": {
+                f"model{i}": {k: v.detach() for k, v in pol.model.state_dict().items()}
+                for i, pol in enumerate(self._distinct_models())
+            },
             "policy_versions": [p.policy_version for p in self.policies.policies],
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -494,20 +670,20 @@ class Trainer:
             "critic_optimizer": self.critic_optimizer.state_dict()
             if self.critic_optimizer is not None
             else None,
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-            },
+            "rng": ckpt.capture_rng_state(),
         }
-        tmp = self.checkpoint_path.with_suffix(".pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.checkpoint_path)
-        return self.checkpoint_path
+
+    def save_checkpoint(self) -> Path | None:
+        """Publish :meth:`checkpoint_state` atomically (rank 0 writes under torch.distributed)."""
+        return ckpt.save_checkpoint(self.out, self.checkpoint_state())
 
     def load_checkpoint(self, path: str | os.PathLike[str] | None = None) -> None:
-        """Restore a checkpoint and drop metrics logged after it (a killed run may have logged more)."""
-        state = torch.load(path or self.checkpoint_path, weights_only=False)
+        """Restore a checkpoint (run or checkpoint directory) and drop metrics logged after it.
+
+        Every sha256 is checked before anything is restored, so a corrupt checkpoint raises
+        :class:`learners.checkpoint.CheckpointError` and leaves this trainer untouched.
+        """
+        state = ckpt.load_checkpoint(path or self.out)
         saved = TrainConfig.from_dict(state["config"])
         if asdict(saved) != asdict(self.cfg):
             diff = {k for k in asdict(saved) if asdict(saved)[k] != asdict(self.cfg)[k]}
@@ -521,14 +697,9 @@ class Trainer:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])  # type: ignore[union-attr]
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
+        ckpt.restore_rng_state(state["rng"])
         self.iteration = int(state["iteration"])
-        kept = [m for m in self._read_metrics() if m["iteration"] <= self.iteration]
-        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(m) + "\n" for m in kept))
-        os.replace(tmp, self.metrics_path)
+        ckpt.trim_metrics(self.metrics_path, self.iteration)
 
     def export(self, out: str | os.PathLike[str]) -> Path:
         """``save_pretrained`` of the trained policy (one folder per distinct model)."""
@@ -544,12 +715,19 @@ class Trainer:
 def train(
     cfg: TrainConfig, resume: bool = False, log: Callable[[str], None] | None = print
 ) -> list[dict[str, Any]]:
-    """Build a :class:`Trainer`, optionally resume from ``out_dir/checkpoint.pt``, run it."""
+    """Build a :class:`Trainer` and run it; ``resume`` continues from ``out_dir/checkpoint/``.
+
+    ``resume`` with no checkpoint (none written yet, or the run was killed during its first write) is a
+    :class:`learners.checkpoint.CheckpointError`, raised before the model is built, never a silent
+    fresh start. Without ``resume`` a stale checkpoint and stale metrics in ``out_dir`` are removed.
+    """
+    if resume:
+        ckpt.require_checkpoint(cfg.out_dir)
     trainer = Trainer(cfg, log=log)
-    if resume and trainer.checkpoint_path.exists():
+    if resume:
         trainer.load_checkpoint()
         if log:
             log(f"resumed {cfg.algo} from iteration {trainer.iteration}")
-    elif not resume and trainer.metrics_path.exists():
-        trainer.metrics_path.unlink()
+    elif ckpt.remove_checkpoints(cfg.out_dir) and log:
+        log(f"fresh start: removed the previous checkpoint in {cfg.out_dir}")
     return trainer.train()

@@ -60,6 +60,7 @@ def _wire() -> None:
     from benchmarks.cli import app as bench_app
     from leaderboards.cli import app as leaderboard_app
     from learners.cli import train_command
+    from learners.sft_cli import sft_command, warm_start_command
     from srpo_envs.cli import app as envs_app
 
     model_app.command("sft")(sft_command)
@@ -68,71 +69,27 @@ def _wire() -> None:
     app.command("train")(train_command)
     app.add_typer(bench_app, name="bench", help="Evaluate and compare on benchmark suites.")
     app.add_typer(leaderboard_app, name="leaderboard", help="Validate, submit and render leaderboards.")
+    _wire_leaderboard_hooks()
     app.registered_commands.extend(envs_app.registered_commands)
+    app.registered_groups.extend(envs_app.registered_groups)  # ``srpo index build``
 
 
-def sft_command(
-    model: str = typer.Option(..., help="model directory to warm-start (e.g. from `srpo model init-tiny`)"),
-    out: str = typer.Option(..., help="where to save the warm-started model"),
-    steps: int = 1000,
-    lr: float = 2e-3,
-    batch_size: int = 16,
-    max_operand: int = 9,
-    refine_steps: int = typer.Option(600, help="second pass at --refine-lr on new examples (0: none)"),
-    refine_lr: float = 1e-3,
-    seed: int = 0,
-    save_dtype: str = typer.Option("float32", help="float32, or bfloat16 for a half-size checkpoint"),
-    family: str = typer.Option(
-        "math", help="math (procedural arithmetic, every math role) or search (KB searchers + aggregator)"
-    ),
-    dataset: str = typer.Option(
-        "procedural",
-        help="math family: procedural (nested arithmetic) or procedural-columns (column addition)",
-    ),
-    difficulties: str = typer.Option("1,2", help="math family: comma-separated difficulties"),
-    carry_slip: float = typer.Option(
-        0.0, help="procedural-columns: share of teacher solutions that forget the first carry"
-    ),
-) -> None:
-    """Warm-start a model on teacher demonstrations for every role; prints held-out accuracy."""
-    from learners.sft import SFT_FAMILIES, SFTConfig, run_sft
-    from srpo_envs.tasks.math_data import PROCEDURAL_FAMILIES
+def _wire_leaderboard_hooks() -> None:
+    """``leaderboards`` may not import env or model code, so the grader that ``validate`` regrades with
+    and the sample re-generator of ``reproduce`` are passed in here (imported only when used)."""
+    from leaderboards.cli import configure
 
-    if family not in SFT_FAMILIES:
-        raise typer.BadParameter(f"--family must be one of {', '.join(SFT_FAMILIES)}")
-    if dataset not in PROCEDURAL_FAMILIES:
-        raise typer.BadParameter(f"--dataset must be one of {', '.join(PROCEDURAL_FAMILIES)}")
-    cfg = SFTConfig(
-        dataset=dataset,
-        difficulties=tuple(int(d) for d in difficulties.split(",") if d.strip()),
-        carry_slip=carry_slip,
-        steps=steps,
-        lr=lr,
-        batch_size=batch_size,
-        max_operand=max_operand,
-        refine_steps=refine_steps,
-        refine_lr=refine_lr,
-        seed=seed,
-        save_dtype=save_dtype,
-        family=family,
-    )
-    run_sft(model, out, cfg, log=typer.echo)
+    def grader() -> object:
+        from benchmarks.evidence import SuiteGrader
 
+        return SuiteGrader()
 
-def warm_start_command(
-    out: str = typer.Option(..., help="where to save the warm-started model"),
-    family: str = typer.Option("math", help="math, columns or search: which shipped checkpoint to rebuild"),
-) -> None:
-    """Rebuild a shipped warm start from scratch: init-tiny (mini) + its SFT recipe (25-45 min on 2 cores).
+    def reproducer(*args: object, **kwargs: object) -> object:
+        from benchmarks.evidence import reproduce
 
-    ``--family math`` reproduces agents/checkpoints/mini-sft, ``--family columns`` mini-columns-sft,
-    ``--family search`` mini-search-sft.
-    """
-    from learners.sft import RECIPES, warm_start
+        return reproduce(*args, **kwargs)
 
-    if family not in RECIPES:
-        raise typer.BadParameter(f"--family must be one of {', '.join(RECIPES)}")
-    warm_start(out, family, log=typer.echo)
+    configure(grader_factory=grader, reproducer=reproducer)
 
 
 _wire()

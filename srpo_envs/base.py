@@ -15,6 +15,7 @@ when the episode ends.
 from __future__ import annotations
 
 import functools
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
 from srpo_envs.events import Event, EventLog, stable_hash
+from srpo_envs.grading import extract_answer
 from srpo_envs.spaces import UnicodeText
 
 #: Longest action text consumed; longer outputs are truncated and flagged (a 1 MB string must not
@@ -40,6 +42,25 @@ class Parsed:
     valid: bool
     value: Any = None
     reason: str = ""
+
+
+_FIRST_INT = re.compile(r"-?\d+")
+
+
+def parse_route(text: str, n: int) -> Parsed:
+    """A router's output: how many team members (1..``n``) the next event should have.
+
+    The one format every routed env accepts: the first integer inside the final answer
+    (:func:`srpo_envs.grading.extract_answer`: the last ``\\boxed{...}``, else the last
+    ``<answer>...</answer>``), e.g. ``\\boxed{2}`` or ``<answer>2</answer>``. Anything else (no
+    answer, no integer, more than six digits, outside ``1..n``) is invalid, and the env falls back to
+    its ``default_route``.
+    """
+    answer = extract_answer(text)
+    m = _FIRST_INT.search(answer) if answer is not None else None
+    if m is None or len(m.group()) > 6 or not 1 <= int(m.group()) <= n:
+        return Parsed(False, None, f"route must be \\boxed{{k}} with k an integer in 1..{n}")
+    return Parsed(True, int(m.group()))
 
 
 @dataclass
@@ -195,9 +216,23 @@ class EventParallelEnv(ParallelEnv, ABC):
         return dict(self._last_outcome)
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Start an episode. All or nothing: if it raises (an unknown ``task_id``, a task of the
+        wrong type, a failing subclass hook) the env is left exactly as it was, RNG included, so
+        the episode in progress can still be stepped and a retry draws what it would have."""
+        if options is not None and not isinstance(options, dict):
+            raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+        saved, saved_rng = dict(self.__dict__), self.np_random.bit_generator.state
+        try:
+            return self._reset(seed, dict(options or {}))
+        except BaseException:
+            self.__dict__.clear()  # shallow restore: reset hooks assign fresh objects, never mutate old ones
+            self.__dict__.update(saved)
+            self.np_random.bit_generator.state = saved_rng  # undo draws made before the failure
+            raise
+
+    def _reset(self, seed: int | None, options: dict[str, Any]):
         if seed is not None:
             self.np_random, _ = seeding.np_random(seed)
-        options = dict(options or {})
         self.agents = list(self.possible_agents)
         self._log = EventLog()
         self._transcript = []
@@ -316,7 +351,13 @@ class EventParallelEnv(ParallelEnv, ABC):
         """The episode's task: ``options["task"]``, ``["task_id"]``, ``["task_index"]`` (mod len), else
         a uniform draw with the env's seeded ``np_random`` (so ``reset(seed=s)`` is reproducible)."""
         if "task" in options:
-            return options["task"]
+            task, kind = options["task"], type(tasks[0])
+            if not isinstance(task, kind):
+                raise TypeError(
+                    f'options["task"] must be a {kind.__name__}, got {type(task).__name__} {task!r:.60}; '
+                    'to choose a task by its id pass options={"task_id": ...}'
+                )
+            return task
         if "task_id" in options:
             for task in tasks:
                 if task.id == options["task_id"]:

@@ -11,11 +11,11 @@ Events are immutable; the outcome reward is written exactly once, at episode end
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+from srpo_common import sha256_json
 
 
 def stable_hash(obj: Any, length: int = 16) -> str:
@@ -24,8 +24,7 @@ def stable_hash(obj: Any, length: int = 16) -> str:
     Used for ``pre_state_id``: the same seed and the same history must hash to the same id across
     processes and Python versions, so we never rely on ``hash()`` (salted per process).
     """
-    blob = json.dumps(obj, sort_keys=True, ensure_ascii=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:length]
+    return sha256_json(obj, ascii_only=True, length=length)
 
 
 class FrozenDict(dict):
@@ -126,7 +125,7 @@ class EventLog:
             raise RuntimeError("episode already finalized; no event can be appended")
         self._events.append(event)
 
-    def finalize(self, rewards: float | Mapping[str, float] | list[float]) -> None:
+    def finalize(self, rewards: float | Sequence[float]) -> None:
         """Write the outcome reward back to every event of the episode (exactly once).
 
         ``rewards`` is either one team reward for all events, or a list with one reward per event.
@@ -136,7 +135,7 @@ class EventLog:
         if isinstance(rewards, int | float):
             per_event = [float(rewards)] * len(self._events)
         else:
-            per_event = [float(r) for r in rewards]  # type: ignore[union-attr]
+            per_event = [float(r) for r in rewards]
             if len(per_event) != len(self._events):
                 raise ValueError("need one reward per event")
         self._events = [replace(e, reward=r) for e, r in zip(self._events, per_event, strict=True)]

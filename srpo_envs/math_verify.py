@@ -1,5 +1,21 @@
 """Math verification env: three team workflows, each a different active-set pattern.
 
+==============  ======================================================================================
+Make            ``srpo_envs.make("MathVerify-v0", workflow=..., dataset=...)``; registered presets:
+                ``MathVerify-SolverVerifier-v0``, ``MathVerify-Routed-v0``, ``ProcArith-v0``
+                (``dataset="procedural"``, CPU scale)
+Agents          proposers-aggregator: ``proposer_0..n-1``, ``aggregator``; solver-verifier:
+                ``solver``, ``verifier``; routed: ``router``, the proposers, ``aggregator``
+Spaces          observation and action: :class:`srpo_envs.spaces.UnicodeText` (any NUL-free string
+                of at most ``max_obs_chars`` / ``max_action_chars``)
+Event types     ``propose``, ``aggregate``; ``verify``, ``revise``; ``route``
+Rewards         the team outcome at episode end (below), written to every event; minus
+                ``format_penalty`` for an event holding an invalid output
+Datasets        ``dataset=``: a bundled name (``math500``, ``gsm8k_test``, ...),
+                ``procedural[-columns][:difficulty]``, a local file or a hub id
+                (:func:`srpo_envs.tasks.math_data.load_math`)
+==============  ======================================================================================
+
 * ``solver-verifier`` (division of labour): ``propose`` (solver, K=1) -> ``verify`` (verifier, K=1)
   -> on reject, ``revise`` (solver) -> ``verify`` ... for at most ``max_rounds`` revisions. The
   solver's latest answer is graded.
@@ -10,8 +26,15 @@
 
 Answers are extracted from ``\\boxed{...}`` or ``<answer>...</answer>`` and graded with math-verify in
 time-bounded workers (:mod:`srpo_envs.grading`). The team reward is 1 for a correct final answer,
-else 0; an event holding a malformed output (no answer, unknown verdict, bad route) is flagged
-invalid and its reward is reduced by ``format_penalty``.
+else 0, minus ``member_cost`` per proposer that acted (default 0: in the routed workflow a positive
+cost is what gives the router a reason to pick fewer proposers); an event holding a malformed output
+(no answer, unknown verdict, bad route) is flagged invalid and its reward is reduced by
+``format_penalty``.
+
+Texts that one agent reads from another (candidates for the aggregator, a solution for the verifier)
+are cut to ``candidate_chars`` characters, or to ``candidate_tokens`` tokens of ``tokenizer`` when
+given. Each cut is counted: events whose observations are built from such texts carry
+``info["inputs"]`` / ``info["inputs_truncated"]``, so an eval reports the truncation rate.
 """
 
 from __future__ import annotations
@@ -21,15 +44,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from srpo_envs.base import EventParallelEnv, Parsed, Transition
+from srpo_envs.base import EventParallelEnv, Parsed, Transition, parse_route
 from srpo_envs.grading import MAX_ANSWER_CHARS, extract_answer, grade
 from srpo_envs.tasks.math_data import MathTask, load_math
 
 WORKFLOWS = ("solver-verifier", "proposers-aggregator", "routed")
 _ACCEPT = {"accept", "accepted", "correct", "yes", "true"}
 _REJECT = {"reject", "rejected", "incorrect", "wrong", "no", "false"}
-_FIRST_INT = re.compile(r"-?\d+")
-#: Candidate texts shown to the aggregator are cut to this many characters each.
+#: Default cut of each candidate text shown to another agent (characters; ``candidate_chars=``).
 CANDIDATE_CHARS = 2000
 
 
@@ -52,6 +74,10 @@ class MathVerifyEnv(EventParallelEnv):
         max_rounds: int = 2,
         default_route: int = 1,
         format_penalty: float = 0.1,
+        member_cost: float = 0.0,
+        candidate_chars: int | None = CANDIDATE_CHARS,
+        candidate_tokens: int | None = None,
+        tokenizer: str | None = None,
         max_steps: int = 32,
         max_action_chars: int = 8192,
         render_mode: str | None = None,
@@ -60,6 +86,10 @@ class MathVerifyEnv(EventParallelEnv):
             raise ValueError(f"workflow must be one of {WORKFLOWS}, got {workflow!r}")
         if n_proposers < 1 or max_rounds < 0:
             raise ValueError("need n_proposers >= 1 and max_rounds >= 0")
+        if member_cost < 0:
+            raise ValueError(f"member_cost must be >= 0, got {member_cost}")
+        self.member_cost = float(member_cost)
+        self._limit = InputLimit(candidate_chars, candidate_tokens, tokenizer)
         self.workflow = workflow
         self.n_proposers = int(n_proposers)
         self.max_rounds = int(max_rounds)
@@ -160,10 +190,7 @@ class MathVerifyEnv(EventParallelEnv):
                 return Parsed(True, False)
             return Parsed(False, None, f"verdict {answer[:40]!r} is neither accept nor reject")
         if role == "router":
-            m = _FIRST_INT.search(answer)
-            if m is None or len(m.group()) > 6 or not 1 <= int(m.group()) <= self.n_proposers:
-                return Parsed(False, None, f"route must be an integer in 1..{self.n_proposers}")
-            return Parsed(True, int(m.group()))
+            return parse_route(text, self.n_proposers)
         return Parsed(True, answer)
 
     def _transition(self, outputs: dict[str, str], parsed: dict[str, Parsed]) -> Transition:
@@ -180,6 +207,9 @@ class MathVerifyEnv(EventParallelEnv):
             self._candidates = dict(outputs)
             info["answers"] = {a: p.value for a, p in parsed.items()}
             self._phase = "aggregate"
+            # what the aggregator will read: count the candidates the input limit cuts
+            info["inputs"] = len(outputs)
+            info["inputs_truncated"] = sum(self._limit.exceeds(t) for t in outputs.values())
         elif phase == "aggregate":
             self._answer = parsed["aggregator"].value if parsed["aggregator"].valid else None
             info["answer"] = self._answer
@@ -189,6 +219,8 @@ class MathVerifyEnv(EventParallelEnv):
             self._answer = parsed["solver"].value if parsed["solver"].valid else None
             info["answer"] = self._answer
             self._phase = "verify"
+            info["inputs"] = 1  # the verifier reads the solution
+            info["inputs_truncated"] = int(self._limit.exceeds(self._solution))
         elif phase == "verify":
             p = parsed["verifier"]
             accepted = bool(p.valid and p.value)
@@ -199,6 +231,10 @@ class MathVerifyEnv(EventParallelEnv):
             else:
                 self._round += 1
                 self._phase = "revise"
+                info["inputs"] = 2  # the solver reads its solution and the feedback
+                info["inputs_truncated"] = sum(
+                    self._limit.exceeds(t) for t in (self._solution, self._feedback)
+                )
         return Transition(done=done, info=info)
 
     def _outcome(self) -> tuple[float, dict[str, Any]]:
@@ -206,7 +242,12 @@ class MathVerifyEnv(EventParallelEnv):
         facts: dict[str, Any] = {"correct": bool(correct), "answer": self._answer, "gold": self.task.answer}
         if self.workflow == "routed":
             facts["team_size"] = self._team_size
-        return (1.0 if correct else 0.0), facts
+        reward = 1.0 if correct else 0.0
+        if self.member_cost and self.workflow != "solver-verifier":
+            proposers = sum(len(h["outputs"]) for h in self._history if h["phase"] == "propose")
+            facts["member_cost"] = self.member_cost * proposers
+            reward -= facts["member_cost"]
+        return reward, facts
 
     def _shared_state(self) -> dict[str, Any]:
         return {
@@ -232,18 +273,18 @@ class MathVerifyEnv(EventParallelEnv):
             return f"{problem}Role: {self.role_of(agent)}. Solve the problem and put the final answer in \\boxed{{}}."
         if phase == "revise":
             return (
-                f"{problem}Your previous solution:\n{_cut(self._solution)}\n"
-                f"Verifier feedback:\n{_cut(self._feedback)}\n"
+                f"{problem}Your previous solution:\n{self._limit.cut(self._solution)}\n"
+                f"Verifier feedback:\n{self._limit.cut(self._feedback)}\n"
                 "Role: solver. Revise your solution and put the final answer in \\boxed{}."
             )
         if phase == "verify":
             return (
-                f"{problem}Proposed solution:\n{_cut(self._solution)}\n"
+                f"{problem}Proposed solution:\n{self._limit.cut(self._solution)}\n"
                 "Role: verifier. Check the solution. Reply \\boxed{accept} or \\boxed{reject} and say why."
             )
         if phase == "aggregate":
             cands = "\n".join(
-                f"Candidate {i + 1}:\n{_cut(t)}" for i, t in enumerate(self._candidates.values())
+                f"Candidate {i + 1}:\n{self._limit.cut(t)}" for i, t in enumerate(self._candidates.values())
             )
             return (
                 f"{problem}{cands}\n"
@@ -269,3 +310,45 @@ class MathVerifyEnv(EventParallelEnv):
 
 def _cut(text: str, limit: int = CANDIDATE_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+class InputLimit:
+    """How much of another agent's text an agent reads: ``chars`` characters, or ``tokens`` tokens.
+
+    Token limits count with the policy's own tokenizer (``tokenizer``: a transformers name or path,
+    loaded once, offline when it is a local directory), because "2,000 characters" is a different
+    budget for every model; ``None`` for both means no cut. A cut text ends in ``" [...]"`` so the
+    reader can tell it was cut.
+    """
+
+    def __init__(self, chars: int | None, tokens: int | None = None, tokenizer: str | None = None) -> None:
+        if chars is not None and chars < 1:
+            raise ValueError(f"candidate_chars must be >= 1 or None, got {chars}")
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"candidate_tokens must be >= 1 or None, got {tokens}")
+        if tokens is not None and tokenizer is None:
+            raise ValueError("candidate_tokens needs tokenizer= (a transformers tokenizer name or path)")
+        self.chars = None if tokens is not None else chars
+        self.tokens = tokens
+        self._tok: Any = None
+        if tokens is not None:
+            from pathlib import Path
+
+            from transformers import AutoTokenizer
+
+            local = Path(str(tokenizer)).expanduser().is_dir()
+            self._tok = AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=local)
+
+    def exceeds(self, text: str) -> bool:
+        """Whether ``text`` is longer than the limit (i.e. :meth:`cut` changes it)."""
+        if self.tokens is not None:
+            return len(self._tok.encode(text, add_special_tokens=False)) > self.tokens
+        return self.chars is not None and len(text) > self.chars
+
+    def cut(self, text: str) -> str:
+        if not self.exceeds(text):
+            return text
+        if self.tokens is not None:
+            ids = self._tok.encode(text, add_special_tokens=False)[: self.tokens]
+            return self._tok.decode(ids) + " [...]"
+        return _cut(text, int(self.chars))  # type: ignore[arg-type]

@@ -1,5 +1,19 @@
 """Multi-turn retrieval env: parallel searchers query a real retriever, an aggregator answers.
 
+==============  ======================================================================================
+Make            ``srpo_envs.make("MultiTurnSearch-v0", dataset=..., retriever=...)``; registered
+                presets: ``MultiTurnSearch-Routed-v0``, ``MultiTurnSearch-HotpotQA-v0``
+Agents          ``searcher_0..n-1``, ``aggregator``; routed: ``router`` first
+Spaces          observation and action: :class:`srpo_envs.spaces.UnicodeText` (any NUL-free string
+                of at most ``max_obs_chars`` / ``max_action_chars``)
+Event types     ``search``, ``aggregate``; routed: ``route``
+Rewards         the team outcome at episode end (exact match, below), written to every event; minus
+                ``format_penalty`` for an event holding an invalid output
+Datasets        ``dataset="kb"`` (the procedural knowledge base, :mod:`srpo_envs.tasks.knowledge_base`),
+                a bundled QA set (``hotpotqa``, ...), a local file or a hub id
+                (:func:`srpo_envs.tasks.search_data.load_qa`)
+==============  ======================================================================================
+
 Each turn is two events:
 
 * ``search`` (K = number of acting searchers): every searcher emits ``<search>query</search>``; all
@@ -13,6 +27,9 @@ Each turn is two events:
 The ``routed`` variant starts with a ``route`` event (K=1): the router's ``\\boxed{k}`` picks how many
 searchers act in every turn. Reward: SQuAD-normalised exact match against any gold answer; F1 is
 reported as a secondary metric. Search events record their tool calls (``info["tool_calls"]``).
+``member_cost`` (default 0) is subtracted from the team reward per searcher per search event, so a
+routed team pays for every member it sends. ``index=DIR`` searches a prebuilt ``srpo index build``
+directory instead of indexing the default corpus.
 """
 
 from __future__ import annotations
@@ -23,13 +40,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from srpo_envs.base import EventParallelEnv, Parsed, Transition
+from srpo_envs.base import EventParallelEnv, Parsed, Transition, parse_route
 from srpo_envs.qa_metrics import exact_match, f1
 from srpo_envs.retrievers.base import Retriever
 
 _SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL | re.IGNORECASE)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_BOXED_INT = re.compile(r"\\boxed\{\s*(\d{1,3})\s*\}")
 MAX_QUERY_CHARS = 512
 MAX_ANSWER_CHARS = 512
 SEARCH_WORKFLOWS = ("parallel", "routed")
@@ -62,6 +78,8 @@ class MultiTurnSearchEnv(EventParallelEnv):
         passage_chars: int = 300,
         default_route: int = 1,
         format_penalty: float = 0.1,
+        member_cost: float = 0.0,
+        index: str | Path | None = None,
         kb_seed: int = 0,
         render_mode: str | None = None,
     ) -> None:
@@ -76,10 +94,20 @@ class MultiTurnSearchEnv(EventParallelEnv):
         self.top_k = int(top_k)
         self.passage_chars = int(passage_chars)
         self.default_route = min(max(1, int(default_route)), self.n_searchers)
+        if member_cost < 0:
+            raise ValueError(f"member_cost must be >= 0, got {member_cost}")
+        self.member_cost = float(member_cost)
         self.tasks, default_corpus = _load_tasks(dataset, tasks, split, dataset_size, kb_seed)
-        self.retriever = _make_retriever(
-            retriever, corpus if corpus is not None else default_corpus, retriever_url
-        )
+        if index is not None:
+            if retriever_url is not None or corpus is not None:
+                raise ValueError("index= names the corpus and backend; do not combine it with corpus/retriever_url")
+            from srpo_envs.index_build import open_index
+
+            self.retriever = open_index(index) if not isinstance(retriever, Retriever) else retriever
+        else:
+            self.retriever = _make_retriever(
+                retriever, corpus if corpus is not None else default_corpus, retriever_url
+            )
         self.searchers = [f"searcher_{i}" for i in range(self.n_searchers)]
         agents = [*self.searchers, "aggregator"]
         if workflow == "routed":
@@ -118,10 +146,7 @@ class MultiTurnSearchEnv(EventParallelEnv):
     def _parse(self, agent: str, text: str) -> Parsed:
         role = self.role_of(agent)
         if role == "router":
-            m = _BOXED_INT.search(text)
-            if m is None or not 1 <= int(m.group(1)) <= self.n_searchers:
-                return Parsed(False, None, f"route must be \\boxed{{k}} with k in 1..{self.n_searchers}")
-            return Parsed(True, int(m.group(1)))
+            return parse_route(text, self.n_searchers)
         if role == "searcher":
             query = _last(_SEARCH_RE, text)
             if not query:
@@ -187,7 +212,12 @@ class MultiTurnSearchEnv(EventParallelEnv):
         }
         if self.workflow == "routed":
             facts["team_size"] = self._team_size
-        return float(em), facts
+        reward = float(em)
+        if self.member_cost:
+            members = sum(len(h["outputs"]) for h in self._history if h["phase"] == "search")
+            facts["member_cost"] = self.member_cost * members
+            reward -= facts["member_cost"]
+        return reward, facts
 
     def _shared_state(self) -> dict[str, Any]:
         return {

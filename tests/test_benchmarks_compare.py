@@ -43,12 +43,12 @@ def test_bench_quick_runs_every_suite_and_merges_outputs(tiny_model_dir: Path, t
     """`srpo bench quick` wiring: columns, math and search suites, each from its own warm start, one leaderboard."""
     from typer.testing import CliRunner
 
+    from agents.corpus import search_corpus
     from agents.tiny import init_tiny
     from benchmarks.cli import QUICK_SETTINGS, app
-    from srpo_envs.tasks.knowledge_base import tokenizer_corpus
 
     search_model = tmp_path / "search-model"
-    init_tiny(search_model, size="tiny", seed=0, corpus=tokenizer_corpus(300), vocab_size=1024)
+    init_tiny(search_model, size="tiny", seed=0, corpus=search_corpus(300), vocab_size=1024)
     out = tmp_path / "quick"
     small = {"tasks_per_iter": 2, "group_size": 2}
     saved = {name: dict(s["train"]) for name, s in QUICK_SETTINGS.items()}

@@ -278,7 +278,7 @@ def test_metrics_to_record_dict_feeds_make_record() -> None:
         workflow="solver-verifier",
         model_id="toy",
         config={"lr": 1e-6},
-        dataset_sha256={"small": "0" * 64, "large": "1" * 64},
+        dataset_sha256={"small": "2" * 64, "large": "1" * 64},
         version="0.0.0",
         commit="unknown",
         date="2025-01-01",

@@ -95,9 +95,156 @@ def test_grader_kills_a_hung_worker_and_recovers() -> None:
 def test_grading_from_threads_is_bounded_and_correct() -> None:
     pairs = [("14/3", "\\frac{14}{3}", True), ("\\frac{3}{14}", "\\frac{14}{3}", False)] * 8
     start = time.monotonic()
+    shared = Grader(workers=2)
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda p: Grader(workers=2).verify(p[0], p[1]), pairs[:4]))
+        results = list(pool.map(lambda p: shared.verify(p[0], p[1]), pairs[:4]))
         results += list(pool.map(lambda p: grade(p[0] + " ", p[1]), pairs))
+    shared.close()
     assert results[:4] == [p[2] for p in pairs[:4]]
     assert results[4:] == [p[2] for p in pairs]
     assert time.monotonic() - start < 30
+
+
+# ---------------------------------------------------------------- linear extraction
+
+
+def _reference_extract(text: str) -> str | None:
+    """The original (quadratic) extractor, as the specification the linear one must match."""
+    import re
+
+    def group(t: str, start: int) -> str | None:
+        depth = 1
+        for i in range(start, len(t)):
+            c = t[i]
+            if c == "\\" and i + 1 < len(t) and t[i + 1] in "{}":
+                continue
+            if c == "{" and (i == 0 or t[i - 1] != "\\"):
+                depth += 1
+            elif c == "}" and (i == 0 or t[i - 1] != "\\"):
+                depth -= 1
+                if depth == 0:
+                    return t[start:i]
+        return None
+
+    boxed = None
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        content = group(text, m.end())
+        if content is not None:
+            boxed = content
+    if boxed is not None:
+        return boxed.strip() or None
+    tags = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL | re.IGNORECASE)
+    if tags:
+        inner = tags[-1].strip()
+        nested = _reference_extract(inner) if "\\boxed" in inner else None
+        return (nested or inner) or None
+    return None
+
+
+def test_extraction_matches_the_reference_on_random_texts() -> None:
+    import random
+
+    rng = random.Random(0)
+    pieces = ["\\boxed{", "\\fbox {", "{", "}", "\\{", "\\}", "\\", "x", " 1", "<answer>", "</ANSWER>", "\n"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        assert extract_answer(text) == _reference_extract(text), text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\\boxed{" * 30_000,  # 210 KB of unclosed boxes: 0.37 s per 8 KB when each was scanned to the end
+        "\\boxed{" * 30_000 + "}",
+        "\\boxed{" + "{" * 200_000,
+        "<answer>" * 25_000,  # a regex <answer>(.*?)</answer> rescans from every unclosed tag
+        "<answer>" * 25_000 + "\\boxed{" * 5_000 + "</answer>",
+    ],
+    ids=["unclosed-boxes", "innermost-closes", "deep-braces", "unclosed-tags", "tags-and-boxes"],
+)
+def test_extraction_is_linear_on_200kb_adversarial_text(text: str) -> None:
+    start = time.perf_counter()
+    extract_answer(text)
+    assert time.perf_counter() - start < 2.0  # generous: the linear pass takes ~50 ms
+
+
+# ---------------------------------------------------------------- isolated, accountable workers
+
+
+def _fake_python(tmp_path, script: str) -> str:
+    path = tmp_path / "fake-python"
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_worker_does_not_import_from_cwd_or_pythonpath(tmp_path, monkeypatch) -> None:
+    """Regression: ``python -m`` put the cwd first on sys.path, so a math_verify.py there ran."""
+    marker = tmp_path / "payload-ran"
+    (tmp_path / "math_verify.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    grader = Grader(workers=1)
+    try:
+        assert grader.verify("\\frac{1}{2}", "0.5") is True
+    finally:
+        grader.close()
+    assert not marker.exists()
+
+
+def test_a_worker_that_cannot_start_is_an_error_not_a_wrong_answer(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from srpo_envs import grading
+
+    monkeypatch.setattr(sys, "executable", _fake_python(tmp_path, "echo 'no math here' >&2; exit 3\n"))
+    grader = Grader(workers=1)
+    try:
+        with pytest.raises(grading.GraderError, match="no math here"):
+            grader.verify("x + 1", "1 + x")
+        assert grader.stats()["grading/worker_failures"] == 2  # the retry failed too
+        assert grader.stats()["grading/answers"] == 0
+    finally:
+        grader.close()
+
+
+def test_a_worker_that_errors_on_every_answer_is_reported(tmp_path, monkeypatch) -> None:
+    """Regression: an erroring worker made every answer grade False with no message."""
+    import sys
+
+    from srpo_envs import grading
+
+    script = 'echo \'{"ready": true}\'\nwhile read line; do echo \'{"error": "ImportError: sympy"}\'; done\n'
+    monkeypatch.setattr(sys, "executable", _fake_python(tmp_path, script))
+    grader = Grader(workers=1)
+    monkeypatch.setattr(grading, "_default_grader", grader)
+    try:
+        with pytest.raises(grading.GraderError, match="ImportError: sympy"):
+            grade("x + 2", "2 + x")
+        assert grading.grading_stats()["grading/worker_failures"] == 2
+    finally:
+        grader.close()
+
+
+def test_a_killed_worker_is_replaced_off_the_answer_clock() -> None:
+    """After a timeout the next answer goes to a spare that is already up: it never waits for a
+    worker's start-up (that start-up once made an answer take 2.7 s against a 2 s bound)."""
+    grader = Grader(workers=1, timeout_s=1.0)
+    try:
+        grader.warm_up()
+        assert grader.stats()["grading/worker_starts"] == 2  # the worker and its spare
+        assert grader.verify("\\left(10^{7}\\right)!", "5") is False  # overruns and is killed
+        stats = grader.stats()
+        assert stats["grading/timeouts"] == 1
+        assert stats["grading/worker_starts"] == 3  # its replacement was started before verify returned
+        assert grader.verify("\\frac{1}{2}", "0.5") is True
+        assert grader.stats()["grading/startup_waits"] == 0  # no answer ever waited for a start-up
+    finally:
+        grader.close()
+
+
+def test_grader_validates_its_settings() -> None:
+    with pytest.raises(ValueError):
+        Grader(workers=0)
+    with pytest.raises(ValueError):
+        Grader(timeout_s=0)

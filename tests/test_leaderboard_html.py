@@ -93,7 +93,8 @@ class TableReader(HTMLParser):
                 "rows": [],
                 "tags_in_cells": [],
             }
-            self.tables[a["data-suite"]] = self._table
+            group = a.get("data-group")
+            self.tables[a["data-suite"] + ("/partial" if group == "partial" else "")] = self._table
         elif self._table is None:
             return
         elif tag == "thead":
@@ -159,7 +160,8 @@ def test_initial_dom_sorted_by_macro_and_escaped(chromium: Path, page: Path, tmp
     assert column(math, "name") == [EVIL, "mid", "alpha"]  # record text shown verbatim, as text
     assert column(math, "macro") == ["0.5500", "0.4000", "0.3500"]
     assert column(math, "ds:gsm8k") == ["0.6000", "0.5000", "0.7000"]
-    assert math["tags_in_cells"] == ["code"] * 3  # no <i> element injected from a record name
+    # no <i> element injected from a record name: only the status tag and the record hash
+    assert math["tags_in_cells"] == ["span", "code"] * 3
     assert math["aria"] == {"macro": "descending"}
     assert column(dom.tables["qa"], "name") == ["qa-one", "qa-two"]
     hashes = {r.name: r.record_hash for r in RECORDS}
@@ -229,3 +231,102 @@ def test_header_clicks_sort(chromium, tmp_path) -> None:
     assert column(math, "ds:math500") == ["0.0000", "0.3000", "0.5000"]
     assert math["aria"] == {"ds:math500": "ascending"}
     assert column(dom.tables["qa"], "name") == ["qa-one", "qa-two"]
+
+
+# ----------------------------------------------------------------------------- uncertainty and layout
+
+WIDE_DATASETS = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
+
+
+def wide(name: str, value: float, std: float, partial: bool = False) -> LeaderboardRecord:
+    """A 7-dataset search-suite record with ± over 3 seeds, long names and (optionally) partial coverage."""
+    metrics = {ds: {"avg@4": value, "team_tokens_per_problem": 1234.5} for ds in WIDE_DATASETS}
+    spread = {ds: {"avg@4": std, "team_tokens_per_problem": 10.0} for ds in WIDE_DATASETS}
+    problems = dict.fromkeys(WIDE_DATASETS, 1 if partial else 50)
+    return make_record(
+        suite="search",
+        name=name,
+        metrics=metrics,
+        metrics_std=spread,
+        macro_std={"avg@4": std, "team_tokens_per_problem": 10.0},
+        k=4,
+        seeds=[0, 1, 2],
+        algorithm="srpo-sqrt-normalised",
+        workflow="proposers-aggregator",
+        model_id="Qwen/Qwen2.5-7B-Instruct-with-a-rather-long-fine-tune-name",
+        weights_sha256="ab" * 32,
+        config={"lr": 1e-6},
+        dataset_sha256={ds: f"{i + 1}" * 64 for i, ds in enumerate(WIDE_DATASETS)},
+        evidence={
+            "samples_sha256": "cd" * 32,
+            "n_samples": sum(problems.values()) * 4 * 3,
+            "samples_bytes": 1000,
+            "problems": problems,
+            "suite_problems": dict.fromkeys(WIDE_DATASETS, 50),
+        },
+        version="0.1.0",
+        commit="unknown",
+        date="2025-03-01T00:00:00Z",
+    )
+
+
+WIDE = [
+    wide("srpo run with a long descriptive name, seed sweep 0-2", 0.5, 0.01),
+    wide("grpo baseline with the same long descriptive name", 0.5, 0.01),
+    wide("mappo baseline with the same long descriptive name", 0.5, 0.01),
+    wide("within the interval of the top three", 0.48, 0.02),  # 0.50 > 0.49: overlaps 0.49..0.51
+    wide("clearly worse", 0.3, 0.01),
+    wide("partial: --limit 1", 0.9, 0.0, partial=True),
+]
+MEASURE = """<script>
+(function () {
+  var w = window.innerWidth, worst = 0;
+  document.querySelectorAll("table.lb").forEach(function (t) {
+    worst = Math.max(worst, t.getBoundingClientRect().right, t.scrollWidth + t.getBoundingClientRect().left);
+  });
+  document.documentElement.setAttribute("data-viewport", String(w));
+  document.documentElement.setAttribute("data-table-right", String(Math.ceil(worst)));
+  document.documentElement.setAttribute("data-page-width", String(document.documentElement.scrollWidth));
+})();
+</script>
+</body>"""
+
+
+def test_shared_ranks_intervals_and_1280px_fit(chromium, tmp_path) -> None:
+    """Finding (issue 12): equal scores ranked 1, 2, 3; no uncertainty shown; the Model column showed
+    a hash instead of a name; the table overflowed a 1280 px window. Fails on 646320c."""
+    page = tmp_path / "wide.html"
+    page.write_text(render_html(WIDE).replace("</body>", MEASURE))
+    profile = tmp_path / "profile-wide"
+    proc = subprocess.run(
+        [
+            str(chromium),
+            *FLAGS,
+            "--window-size=1280,900",
+            f"--user-data-dir={profile}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dom = TableReader()
+    dom.feed(proc.stdout)
+    assert dom.root_attrs.get("data-js") == "ready"
+    full = dom.tables["search"]
+    assert column(full, "rank") == ["1", "1", "1", "1", "5"]  # overlapping intervals share rank 1
+    assert column(full, "macro")[0] == "0.5000±0.0100"  # value and ± std over seeds
+    assert column(full, "ds:nq")[3] == "0.4800±0.0200"
+    assert all(
+        cell.startswith("Qwen/Qwen2.5-7B") and cell.endswith("abababab") for cell in column(full, "model")
+    )
+    assert column(full, "status") == ["unverified"] * 5
+    partial = dom.tables["search/partial"]  # ranked apart, although its score is the highest
+    assert column(partial, "name") == ["partial: --limit 1"] and column(partial, "rank") == ["1"]
+    viewport = int(dom.root_attrs["data-viewport"])
+    assert viewport == 1280
+    assert int(dom.root_attrs["data-table-right"]) <= viewport
+    assert int(dom.root_attrs["data-page-width"]) <= viewport

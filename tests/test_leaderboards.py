@@ -115,7 +115,7 @@ def test_json_round_trip_is_stable() -> None:
     rec = record()
     text = schema.dump_record_json(rec)
     assert text.endswith("}\n")
-    assert json.loads(text) == rec.model_dump(mode="json")
+    assert json.loads(text) == schema.record_dict(rec)
     back = schema.parse_record_json(text)
     assert back == rec
     assert schema.dump_record_json(back) == text
@@ -280,9 +280,7 @@ def test_store_submit_round_trip(tmp_path) -> None:
         assert p.parent == (tmp_path / "lb").resolve()
         assert p.name == f"{store.slugify(r.suite + '-' + r.name)}-{r.record_hash[:12]}.json"
         text = p.read_text()
-        assert (
-            text == json.dumps(r.model_dump(mode="json"), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
-        )
+        assert text == json.dumps(schema.record_dict(r), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
     assert paths[1].name.startswith("math-grpo-baseline-")
     assert st.submit(recs[0]) == paths[0]  # idempotent
     loaded = st.load_all()
@@ -471,9 +469,11 @@ def test_cli_submit_validate_render(tmp_path) -> None:
         assert res.exit_code == 0, res.output
         assert Path(res.stdout.strip()).exists()
     res = runner.invoke(app, ["validate", "--store", str(lb)])
+    assert res.exit_code == 1 and "no per-sample evidence" in res.stderr  # evidence is required by default
+    res = runner.invoke(app, ["validate", "--allow-missing-evidence", "--store", str(lb)])
     assert res.exit_code == 0, res.output
     assert "4 record(s) valid" in res.stdout
-    res = runner.invoke(app, ["validate", *map(str, files)])
+    res = runner.invoke(app, ["validate", "--allow-missing-evidence", *map(str, files)])
     assert res.exit_code == 0, res.output
     out = tmp_path / "site"
     res = runner.invoke(app, ["render", "--store", str(lb), "--out", str(out)])
@@ -494,7 +494,7 @@ def test_cli_invalid_exits_nonzero(tmp_path) -> None:
     assert "seeds must list at least one seed" in res.stderr
     good = tmp_path / "good.json"
     good.write_text(schema.dump_record_json(record()))
-    res = runner.invoke(app, ["validate", str(good), str(bad)])
+    res = runner.invoke(app, ["validate", "--allow-missing-evidence", str(good), str(bad)])
     assert res.exit_code == 1
     assert "1 of 2 record(s) invalid" in res.stderr and "ok: " in res.stdout
     # A tampered file inside the store fails validate and render.
@@ -507,3 +507,133 @@ def test_cli_invalid_exits_nonzero(tmp_path) -> None:
     assert not (tmp_path / "o").exists()
     res = runner.invoke(app, ["validate"])
     assert res.exit_code == 2
+
+
+# ----------------------------------------------------------------------------- issue 12: trust
+# Each test below fails on 646320c (checked by running it against that commit's leaderboards package).
+
+
+def test_all_zero_dataset_hash_is_rejected() -> None:
+    d = good_dict()
+    d["provenance"]["dataset_sha256"]["gsm8k"] = "0" * 64
+    with pytest.raises(RecordValidationError, match="all-zero sha256 is a placeholder"):
+        validate_record(d)
+
+
+@pytest.mark.parametrize(
+    ("metric", "value", "expected"),
+    [
+        ("accuracy_strict", 42.0, "unknown metric name"),  # outside the old naming regex: was accepted
+        ("accuracy_strict", 0.5, "unknown metric name"),
+        ("Avg@4", 0.5, "unknown metric name"),
+        ("utility", 2e6, "must be at most 1e+06"),
+        ("n_problems", -1.0, "must be non-negative"),
+        ("pass@4", 1.5, "must be in [0, 1]"),
+    ],
+)
+def test_every_metric_is_range_checked_by_name(metric: str, value: float, expected: str) -> None:
+    with pytest.raises(RecordValidationError) as info:
+        record(metrics={"gsm8k": {metric: value}, "math500": {metric: value}})
+    assert any(expected in e for e in info.value.errors), info.value.errors
+
+
+def test_oversized_record_is_refused_before_parsing(tmp_path) -> None:
+    """Finding: a valid 43 MB record with 330k datasets was accepted (1 GB RSS to submit and render).
+    The size is checked before the file is read: refused in milliseconds, without reading 43 MB."""
+    import time
+
+    big = tmp_path / "big.json"
+    d = good_dict()
+    names = [f"dataset-{i:06d}" for i in range(330_000)]
+    with big.open("w") as fh:  # streamed: the test itself never holds the 43 MB text
+        fh.write('{"metrics": {' + ",".join(f'"{n}": {{"avg@4": 0.5}}' for n in names) + "},")
+        fh.write('"macro": {"avg@4": 0.5}, "provenance": {"dataset_sha256": {')
+        fh.write(",".join(f'"{n}": "{H1}"' for n in names) + "}, ")
+        prov = {k: v for k, v in d["provenance"].items() if k != "dataset_sha256"}
+        fh.write(json.dumps(prov)[1:] + ", ")
+        rest = {k: v for k, v in d.items() if k not in ("metrics", "macro", "provenance")}
+        fh.write(json.dumps(rest)[1:])
+    assert big.stat().st_size > 35_000_000
+    t0 = time.perf_counter()
+    with pytest.raises(RecordValidationError, match="at most 1048576 are accepted"):
+        schema.load_record(big)
+    with pytest.raises(RecordValidationError, match="at most 1048576 are accepted"):
+        schema.load_records(big)
+    assert time.perf_counter() - t0 < 0.5
+    res = CliRunner().invoke(app, ["validate", str(big)])
+    assert res.exit_code == 1 and "at most 1048576" in res.stderr
+    # a store file is refused the same way, and a big in-memory dict fails on counts, not after building
+    lb = tmp_path / "lb"
+    lb.mkdir()
+    big.rename(lb / "big.json")
+    assert "at most 1048576" in " ".join(LeaderboardStore(lb).validate_all()["big.json"])
+    d["metrics"] = {f"d{i}": {"avg@4": 0.5} for i in range(330_000)}
+    t0 = time.perf_counter()
+    with pytest.raises(RecordValidationError, match="metrics has 330000 entries"):
+        validate_record(d)
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_written_files_are_world_readable(tmp_path) -> None:
+    """Finding: records were written mode 0600 (mkstemp's default); now 0644 whatever the umask."""
+    old = os.umask(0o077)
+    try:
+        path = LeaderboardStore(tmp_path / "lb").submit(record())
+        pages = render.write_leaderboard([record()], tmp_path / "site")
+    finally:
+        os.umask(old)
+    for p in [path, *pages.values()]:
+        assert oct(p.stat().st_mode & 0o777) == "0o644", p
+
+
+def test_signatures_verify_and_show_on_the_page(tmp_path) -> None:
+    from leaderboards import signing
+
+    runner = CliRunner()
+    key = tmp_path / "alice.pem"
+    res = runner.invoke(app, ["keygen", "--out", str(key), "--key-id", "alice"])
+    assert res.exit_code == 0, res.output
+    assert oct(key.stat().st_mode & 0o777) == "0o600"  # a private key is not world-readable
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(res.stdout)
+    signed_file, plain_file = tmp_path / "signed.json", tmp_path / "plain.json"
+    signed_file.write_text(schema.dump_record_json(record()))
+    plain_file.write_text(schema.dump_record_json(record(name="someone")))
+    res = runner.invoke(app, ["sign", str(signed_file), "--key", str(key), "--key-id", "alice"])
+    assert res.exit_code == 0, res.output
+    signed = schema.load_record(signed_file)
+    keys = signing.load_keys(keys_file)
+    assert signed.record_hash == record().record_hash and signing.verify_signature(signed, keys)
+    assert not signing.verify_signature(signed, {})  # unknown submitter
+    forged = validate_record(
+        {**signed.model_dump(mode="json"), "name": "x", "record_hash": record(name="x").record_hash}
+    )
+    assert not signing.verify_signature(forged, keys)  # the signature is of the other hash
+    lb = tmp_path / "lb"
+    for f in (signed_file, plain_file):
+        assert runner.invoke(app, ["submit", str(f), "--store", str(lb)]).exit_code == 0
+    res = runner.invoke(
+        app, ["render", "--store", str(lb), "--out", str(tmp_path / "site"), "--keys", str(keys_file)]
+    )
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "site" / "leaderboard.html").read_text()
+    assert page.count('<span class="tag verified">verified</span>') == 1
+    assert page.count('<span class="tag unverified">unverified</span>') == 1
+
+
+def test_identical_scores_share_a_rank_and_partial_records_rank_apart() -> None:
+    """Finding: three identical scores ranked 1, 2, 3."""
+    same = [record(name=f"run {i}") for i in range(3)]
+    (tab,) = render.suite_tables([*same, record(name="worse", accs=(0.1, 0.1))])
+    assert tab.ranks == [1, 1, 1, 4]
+    assert render.interval_ranks([(0.5, 0.1), (0.35, 0.06), (0.2, 0.0)]) == [1, 1, 3]
+    assert render.interval_ranks([(0.5, 0.1), (0.35, 0.04), (None, 0.0)]) == [1, 2, None]
+    evidence = {"samples_sha256": H3, "n_samples": 2 * 4 * 3, "samples_bytes": 10}
+    partial = record(name="limit 1", accs=(0.9, 0.9), evidence={**evidence, "problems": {"gsm8k": 1, "math500": 1},
+                     "suite_problems": {"gsm8k": 1, "math500": 500}})  # fmt: skip
+    (tab,) = render.suite_tables([*same, partial])
+    assert partial.partial and tab.rows == same and tab.partial == [partial] and tab.partial_ranks == [1]
+    md = render.render_markdown(same)
+    assert [
+        line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ") and "run" in line
+    ] == ["1"] * 3

@@ -9,12 +9,14 @@ import torch
 
 from agents.rows import Row
 from learners.advantages import (
-    ADVANTAGE_ESTIMATORS,
+    ADV_ESTIMATORS,
+    AdvantageConfig,
     event_advantages_from_rows,
     gae,
+    get_adv_estimator,
     group_relative_event_advantages,
-    grpo_output_advantages,
 )
+from learners.batching import build_event_table
 
 
 def _z(values: list[float], x: float, eps: float = 1e-6, sample: bool = False) -> float:
@@ -80,6 +82,7 @@ def _row(
     reward: float,
     role: str = "solver",
     outcome: float = 0.0,
+    penalty: float = 0.0,
 ) -> Row:
     return Row(
         event_id=event_id,
@@ -100,10 +103,19 @@ def _row(
         group_id=group,
         reward=reward,
         outcome_reward=outcome,
+        penalty=penalty,
     )
 
 
-def test_event_advantages_from_rows() -> None:
+def _table(rows: list[Row]):
+    return build_event_table(rows)
+
+
+def _run(name: str, rows: list[Row], **kw) -> torch.Tensor:
+    return get_adv_estimator(name)(_table(rows), AdvantageConfig(**kw), None).advantages
+
+
+def test_srpo_estimator_per_event() -> None:
     rows: list[Row] = []
     # task T, group g1, 3 rollouts: step 0 'propose' (K=2), step 1 'aggregate' (K=1, only in 2 rollouts)
     rewards0 = {"ep0": 1.0, "ep1": 0.0, "ep2": 0.0}
@@ -121,14 +133,24 @@ def test_event_advantages_from_rows() -> None:
     assert adv[:3].tolist() == pytest.approx([_z(vals0, v) for v in vals0], abs=1e-5)
     assert adv[3:5].tolist() == pytest.approx([1.0, -1.0], abs=1e-5)
     assert adv[5].item() == 0.0
-    assert ADVANTAGE_ESTIMATORS["srpo_event"] is event_advantages_from_rows
+    res = get_adv_estimator("srpo")(_table(rows), AdvantageConfig(), None)
+    # per row: both members of an event share its advantage
+    assert res.advantages[:2].tolist() == pytest.approx([adv[0].item()] * 2)
+    assert res.stats["actor/singleton_group_frac"] == pytest.approx(1 / 6)
+    assert res.stats["actor/zero_adv_frac"] == pytest.approx(1 / 6)
 
     bad = rows + [_row("ep0/0", "ep0", "g1", "T", "propose", 0, 0, 2, 0.3)]
     with pytest.raises(ValueError, match="disagree"):
         event_advantages_from_rows(bad)
 
 
-def test_grpo_output_advantages_per_episode_and_role() -> None:
+def test_registry_lookup_errors_list_known_names() -> None:
+    assert {"srpo", "grpo", "rloo", "dr-mas", "at-grpo", "gae"} <= set(ADV_ESTIMATORS)
+    with pytest.raises(ValueError, match="known: .*srpo"):
+        get_adv_estimator("nope")
+
+
+def test_grpo_estimator_per_episode_and_role() -> None:
     rows: list[Row] = []
     outcomes = {"ep0": 1.0, "ep1": 0.0, "ep2": 1.0, "ep3": 0.0}
     for ep, out in outcomes.items():
@@ -138,7 +160,7 @@ def test_grpo_output_advantages_per_episode_and_role() -> None:
             rows.append(_row(f"{ep}/2", ep, "g", "T", "solve", 2, 0, 1, out, role="solver", outcome=out))
         if ep in ("ep0", "ep1", "ep2"):
             rows.append(_row(f"{ep}/1", ep, "g", "T", "verify", 1, 0, 1, out, role="verifier", outcome=out))
-    adv = grpo_output_advantages(rows)
+    adv = _run("grpo", rows)
     assert adv.shape == (len(rows),)
     solver = [outcomes[e] for e in outcomes]
     verifier = [outcomes[e] for e in ("ep0", "ep1", "ep2")]
@@ -148,8 +170,71 @@ def test_grpo_output_advantages_per_episode_and_role() -> None:
     assert adv[0].item() == adv[1].item()  # both ep0 solver rows share the episode's advantage
     rows.append(_row("ep1/9", "ep1", "g", "T", "solve", 9, 0, 1, 1.0, role="solver", outcome=1.0))
     with pytest.raises(ValueError, match="disagree"):
-        grpo_output_advantages(rows)
-    assert grpo_output_advantages([]).numel() == 0
+        _run("grpo", rows)
+
+
+def test_every_estimator_sees_the_format_penalty() -> None:
+    """Two correct episodes, one with an invalid output (penalty 0.1): SRPO's event advantages are
+    +-1, and GRPO must see the same difference (it read ``outcome_reward`` and gave 0, 0)."""
+    rows = [
+        _row("a/0", "a", "g", "T", "solve", 0, 0, 1, 1.0, outcome=1.0),
+        _row("b/0", "b", "g", "T", "solve", 0, 0, 1, 0.9, outcome=1.0, penalty=0.1),
+    ]
+    for name in ("srpo", "grpo", "dr-mas", "at-grpo"):
+        assert _run(name, rows).tolist() == pytest.approx([1.0, -1.0], abs=1e-4), name
+    # RLOO: R_i minus the other rollout's return
+    assert _run("rloo", rows).tolist() == pytest.approx([0.1, -0.1])
+    # GAE: per-step reward -penalty + outcome at the last step; with zero values A = return
+    res = get_adv_estimator("gae")(_table(rows), AdvantageConfig(gae_lambda=1.0), torch.zeros(2))
+    assert res.returns.tolist() == pytest.approx([1.0, 0.9])
+
+
+def test_dr_grpo_scale_none_only_centres() -> None:
+    rows = [
+        _row(f"e{i}/0", f"e{i}", "g", "T", "s", 0, 0, 1, r, outcome=r) for i, r in enumerate([1, 0, 0, 0])
+    ]
+    assert _run("grpo", rows, scale="none").tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+    assert _run("grpo", rows).tolist() == pytest.approx([_z([1, 0, 0, 0], x) for x in [1, 0, 0, 0]], abs=1e-5)
+    with pytest.raises(ValueError, match="scale"):
+        _run("grpo", rows, scale="mad")
+
+
+def test_rloo_hand_computed() -> None:
+    # returns 1, 0, 0.5 in one group: A_i = R_i - mean of the other two
+    rows = [_row(f"e{i}/0", f"e{i}", "g", "T", "s", 0, 0, 1, r, outcome=r) for i, r in enumerate([1, 0, 0.5])]
+    rows.append(_row("solo/0", "solo", "h", "T", "s", 0, 0, 1, 1.0, outcome=1.0))
+    assert _run("rloo", rows).tolist() == pytest.approx([0.75, -0.75, 0.0, 0.0])
+
+
+def test_dr_mas_normalises_per_agent_role() -> None:
+    """Role 'p' acts twice per episode in e0 and once in e1; role 'a' once in each. Dr. MAS pools each
+    role's own outputs: p sees returns [1, 1, 0] (mean 2/3), a sees [1, 0] (mean 1/2)."""
+    rows = [
+        _row("e0/0", "e0", "g", "T", "p", 0, 0, 2, 1.0, role="p", outcome=1.0),
+        _row("e0/0", "e0", "g", "T", "p", 0, 1, 2, 1.0, role="p", outcome=1.0),
+        _row("e0/1", "e0", "g", "T", "a", 1, 0, 1, 1.0, role="a", outcome=1.0),
+        _row("e1/0", "e1", "g", "T", "p", 0, 0, 1, 0.0, role="p", outcome=0.0),
+        _row("e1/1", "e1", "g", "T", "a", 1, 0, 1, 0.0, role="a", outcome=0.0),
+    ]
+    adv = _run("dr-mas", rows)
+    p = [1.0, 1.0, 0.0]
+    assert adv.tolist() == pytest.approx(
+        [_z(p, 1.0), _z(p, 1.0), _z([1, 0], 1.0), _z(p, 0.0), _z([1, 0], 0.0)], abs=1e-5
+    )
+    # GRPO counts each (episode, role) once: p sees [1, 0] -> +-1, unlike Dr. MAS's 0.707 / -1.414
+    assert _run("grpo", rows)[0].item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_at_grpo_groups_by_agent_and_turn() -> None:
+    """Rows of the same agent at the same turn across rollouts form a group, with the event's reward."""
+    rows = []
+    for ep, (r0, r1) in {"e0": (1.0, 0.9), "e1": (0.0, 0.5), "e2": (1.0, 0.1)}.items():
+        rows.append(_row(f"{ep}/0", ep, "g", "T", "t", 0, 0, 1, r0, outcome=r0))
+        rows.append(_row(f"{ep}/1", ep, "g", "T", "t", 1, 0, 1, r1, outcome=r0))
+    adv = _run("at-grpo", rows)
+    turn0, turn1 = [1.0, 0.0, 1.0], [0.9, 0.5, 0.1]
+    assert adv[0::2].tolist() == pytest.approx([_z(turn0, x) for x in turn0], abs=1e-5)
+    assert adv[1::2].tolist() == pytest.approx([_z(turn1, x) for x in turn1], abs=1e-5)
 
 
 def test_gae_hand_computed() -> None:
@@ -191,4 +276,3 @@ def test_gae_dones_and_batch() -> None:
         assert torch.allclose(batch_adv[i], ai) and torch.allclose(batch_ret[i], ri)
     with pytest.raises(ValueError):
         gae(R, V[:, :3])
-    assert ADVANTAGE_ESTIMATORS["gae"] is gae

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,11 +12,15 @@ from learners.losses import (
     AGG_MODES,
     EVENT_NORMS,
     POLICY_LOSSES,
+    LossConfig,
     aggregate,
     entropy_from_logits,
+    get_policy_loss,
     grpo_loss,
+    gspo_loss,
     kl_k3,
     logprobs_from_logits,
+    loss_denominator,
     masked_mean,
     ppo_policy_loss,
     srpo_loss,
@@ -420,7 +425,122 @@ def test_srpo_validation() -> None:
 
 
 def test_registries() -> None:
-    assert set(EVENT_NORMS) == {"sqrt", "sum", "mean"}
+    assert set(EVENT_NORMS) == {"sqrt", "sum", "mean", "k1"}
     assert {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"} <= set(AGG_MODES)
-    assert POLICY_LOSSES["srpo"] is srpo_loss
-    assert POLICY_LOSSES["grpo"] is grpo_loss
+    assert {"srpo", "grpo", "ppo", "gspo"} <= set(POLICY_LOSSES)
+    with pytest.raises(ValueError, match="known: .*gspo"):
+        get_policy_loss("nope")
+    with pytest.raises(ValueError, match="known"):
+        srpo_loss(
+            torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.tensor([0]), torch.ones(1), norm="x"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# k1, GSPO, registered losses with one signature, exact micro-batch normalisers
+# --------------------------------------------------------------------------------------------------
+
+
+def test_k1_is_members_as_events_with_the_event_advantage() -> None:
+    # one K=2 event (rows 0, 1) and one K=1 event; k1 = sequence-level PPO per member, mean over members
+    lp = torch.tensor([[0.3, 0.0], [-0.1, 0.05], [0.02, 0.0]], dtype=torch.float64)
+    old = torch.zeros_like(lp)
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    idx = torch.tensor([0, 0, 1])
+    adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    loss, stats = srpo_loss(lp, old, mask, idx, adv, norm="k1")
+    ref = (
+        -(_ppo_term(math.exp(0.3), 1.0) + _ppo_term(math.exp(-0.05), 1.0) + _ppo_term(math.exp(0.02), -2.0))
+        / 3
+    )
+    assert loss.item() == pytest.approx(ref, abs=1e-12)
+    assert stats["max_k"] == 1.0 and stats["num_events"] == 3
+
+
+def test_gspo_hand_computed() -> None:
+    # row 0: 2 tokens with log-ratios 0.15, 0.05 -> log s = 0.1 (inside the clip range); row 1: one loss
+    # token, -0.5 -> s = e^-0.5 = 0.61 < 0.8 with A = -1: the clipped term (0.8) is the active one
+    lp = torch.tensor([[0.15, 0.05], [-0.5, 9.0]], dtype=torch.float64)
+    old = torch.zeros_like(lp)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, stats = gspo_loss(lp, old, mask, adv, clip_eps=0.2)
+    ref = -(_ppo_term(math.exp(0.1), 1.0) + _ppo_term(math.exp(-0.5), -1.0)) / 2
+    assert loss.item() == pytest.approx(ref, abs=1e-12)
+    assert stats["clip_frac"] == pytest.approx(0.5)
+    assert stats["mean_abs_log_ratio"] == pytest.approx((0.1 + 0.5) / 2)
+
+
+def _random_minibatch(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ks = [2, 1, 3, 1, 2]
+    idx = torch.repeat_interleave(torch.arange(len(ks)), torch.tensor(ks))
+    R, T = int(idx.numel()), 6
+    old = -torch.rand(R, T, generator=g, dtype=torch.float64)
+    lp = old + 0.2 * torch.randn(R, T, generator=g, dtype=torch.float64)
+    mask = (torch.rand(R, T, generator=g) > 0.3).double()
+    mask[:, 0] = 1.0
+    adv = torch.randn(len(ks), generator=g, dtype=torch.float64)[idx]  # per row, shared by an event
+    return lp, old, mask, idx, adv
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg"),
+    [
+        ("srpo", LossConfig(norm="sqrt")),
+        ("srpo", LossConfig(norm="k1")),
+        ("grpo", LossConfig(agg="token-mean")),
+        ("grpo", LossConfig(agg="seq-mean-token-mean")),
+        ("grpo", LossConfig(agg="seq-mean-token-sum-norm", norm_len=48)),
+        ("gspo", LossConfig()),
+    ],
+)
+def test_micro_batches_with_the_minibatch_denominator_sum_to_the_full_loss(
+    name: str, cfg: LossConfig
+) -> None:
+    lp, old, mask, idx, adv = _random_minibatch()
+    loss_fn = get_policy_loss(name)
+    full, _ = loss_fn(lp, old, mask, adv, idx, cfg)
+    denom = loss_denominator(loss_fn.unit(cfg), mask, idx)
+    with_denom = replace(cfg, denominator=denom)
+    assert loss_fn(lp, old, mask, adv, idx, with_denom)[0].item() == pytest.approx(full.item(), abs=1e-12)
+    parts = 0.0
+    for a, b in [(0, 3), (3, 6), (6, 9)]:  # event-atomic: events {0, 1}, {2}, {3, 4}
+        local = idx[a:b] - idx[a]
+        parts += loss_fn(lp[a:b], old[a:b], mask[a:b], adv[a:b], local, with_denom)[0].item()
+    assert parts == pytest.approx(full.item(), abs=1e-12)
+
+
+def test_dr_grpo_norm_len_makes_the_loss_independent_of_padding() -> None:
+    lp, old, mask, idx, adv = _random_minibatch(1)
+    wide = [torch.nn.functional.pad(t, (0, 5)) for t in (lp, old, mask)]
+    cfg = LossConfig(agg="seq-mean-token-sum-norm", norm_len=48)
+    a, _ = get_policy_loss("grpo")(lp, old, mask, adv, idx, cfg)
+    b, _ = get_policy_loss("grpo")(*wide, adv, idx, cfg)
+    assert a.item() == pytest.approx(b.item(), abs=1e-12)
+
+
+def test_on_policy_sum_and_k1_give_the_same_update_direction() -> None:
+    """One on-policy step (old = current, every ratio 1): SRPO's ``sum`` and K=1 gradients differ only by
+    the factor E/R (events vs members in the mean), which Adam removes; ``sqrt`` weighs events of
+    different K differently, so its direction differs."""
+    g = torch.Generator().manual_seed(4)
+    ks = [1, 3, 2, 4]
+    idx = torch.repeat_interleave(torch.arange(len(ks)), torch.tensor(ks))
+    R, T = int(idx.numel()), 5
+    feats = torch.randn(R, T, 8, generator=g, dtype=torch.float64)
+    theta0 = torch.randn(8, generator=g, dtype=torch.float64)
+    mask = (torch.rand(R, T, generator=g) > 0.2).double()
+    adv = torch.randn(len(ks), generator=g, dtype=torch.float64)
+
+    def grad(norm: str) -> torch.Tensor:
+        theta = theta0.clone().requires_grad_(True)
+        lp = torch.nn.functional.logsigmoid(feats @ theta)
+        loss, _ = srpo_loss(lp, lp.detach(), mask, idx, adv, norm=norm)
+        (g_theta,) = torch.autograd.grad(loss, theta)
+        return g_theta
+
+    cos = torch.nn.functional.cosine_similarity
+    assert cos(grad("sum"), grad("k1"), dim=0).item() == pytest.approx(1.0, abs=1e-12)
+    assert torch.allclose(grad("sum") * len(ks) / R, grad("k1"), atol=1e-14)
+    assert cos(grad("sqrt"), grad("k1"), dim=0).item() < 0.999

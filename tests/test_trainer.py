@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from learners.checkpoint import checkpoint_iteration, load_checkpoint
 from learners.trainer import TrainConfig, Trainer, train
 
 
@@ -35,13 +36,16 @@ def _cfg(model: Path, out: Path, **kw) -> TrainConfig:
 
 
 def _reward_first_sample(batch) -> None:
-    """Make sample g0 of every task the winner, so every algorithm has a non-zero signal."""
+    """Make sample g0 of every task the winner, so every algorithm has a non-zero signal.
+
+    The outcome changes; each event keeps its own penalty, and its reward stays ``outcome - penalty``
+    (the one reward definition every algorithm reads)."""
     for r in batch.rows:
-        win = r.episode_id.endswith("-g0")
-        r.reward = r.outcome_reward = 1.0 if win else 0.0
+        r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
+        r.reward = r.outcome_reward - r.penalty
 
 
-@pytest.mark.parametrize("algo", ["srpo", "grpo", "mappo"])
+@pytest.mark.parametrize("algo", ["srpo", "grpo", "dr-grpo", "gspo", "dr-mas", "at-grpo", "rloo", "mappo"])
 def test_update_raises_logprob_of_rewarded_outputs(algo: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     trainer = Trainer(_cfg(tiny_model_dir, tmp_path, algo=algo), log=None)
     batch = trainer.collector.collect([0, 1, 2], group_size=2, seed=5)
@@ -54,10 +58,9 @@ def test_update_raises_logprob_of_rewarded_outputs(algo: str, tiny_model_dir: Pa
     win = [g for g, r in zip(gain, batch.rows, strict=True) if r.episode_id.endswith("-g0")]
     lose = [g for g, r in zip(gain, batch.rows, strict=True) if not r.episode_id.endswith("-g0")]
     assert sum(win) / len(win) > sum(lose) / len(lose)
-    assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())
+    assert all(torch.isfinite(torch.tensor(v)) for v in stats.values() if not isinstance(v, dict))
     assert policy.policy_version == 1
-    if algo == "srpo":
-        assert stats["mean_k"] > 1.0  # proposers-aggregator: propose events have K=3
+    assert stats["rollout/mean_k"] > 1.0  # proposers-aggregator: propose events have K=3
 
 
 @pytest.mark.parametrize("sharing", ["per-role", "lora"])
@@ -82,21 +85,28 @@ def test_train_loop_logs_and_exports(tiny_model_dir: Path, tmp_path: Path) -> No
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in lines] == [0, 1, 2] == [h["iteration"] for h in history]
     for key in (
-        "loss",
-        "grad_norm",
-        "clip_frac",
-        "approx_kl",
-        "mean_k",
-        "max_k",
+        "actor/loss",
+        "actor/grad_norm",
+        "actor/clip_frac",
+        "actor/approx_kl",
+        "actor/mean_abs_log_ratio",
+        "actor/zero_adv_frac",
+        "actor/singleton_group_frac",
+        "rollout/mean_k",
+        "rollout/max_k",
+        "rollout/k_hist",
+        "rollout/events_dropped",
         "mean_response_len",
-        "events_dropped",
         "reward_mean",
         "reward_std",
         "eval_accuracy",
     ):
         assert key in lines[-1], key
-    assert lines[-1]["max_k"] == 1.0  # k1 ablation: every output is its own event
-    assert (tmp_path / "final" / "config.json").exists() and (tmp_path / "checkpoint.pt").exists()
+    # k1 ablation: the rollout's events keep their K (propose events have K=3); the loss treats each
+    # member as its own event
+    assert lines[-1]["rollout/max_k"] == 3.0
+    assert sum(int(k) * n for k, n in lines[-1]["rollout/k_hist"].items()) == lines[-1]["rows"]
+    assert (tmp_path / "final" / "config.json").exists() and (tmp_path / "checkpoint" / "manifest.json").exists()
 
 
 @pytest.mark.slow
@@ -140,24 +150,27 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_model_dir: Path, tmp
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        ckpt = killed / "checkpoint.pt"
-        if ckpt.exists() and torch.load(ckpt, weights_only=False)["iteration"] >= 2:
+        if (checkpoint_iteration(killed) or 0) >= 2:
             break
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert torch.load(killed / "checkpoint.pt", weights_only=False)["iteration"] < 4
+    assert (checkpoint_iteration(killed) or 0) < 4
     subprocess.run([*cmd, "--out", str(killed), "--resume"], check=True, env=env, capture_output=True)
 
     def final(path: Path) -> dict:
         return [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()][-1]
 
+    def iterations(path: Path) -> list[int]:
+        return [json.loads(x)["iteration"] for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+    assert iterations(killed) == iterations(full) == [0, 1, 2, 3, 4]  # no row logged twice
     a, b = final(full), final(killed)
     for key in ("rollout_s", "update_s"):
         a.pop(key), b.pop(key)
     assert a == b
-    wa = torch.load(full / "checkpoint.pt", weights_only=False)["models"]
-    wb = torch.load(killed / "checkpoint.pt", weights_only=False)["models"]
+    wa = load_checkpoint(full)["models"]
+    wb = load_checkpoint(killed)["models"]
     assert all(torch.equal(wa["model0"][k], wb["model0"][k]) for k in wa["model0"])
 
 

@@ -50,8 +50,8 @@ def make_retriever(
 ) -> Retriever:
     """Build a retriever by name.
 
-    ``bm25``/``dense``: ``corpus`` is a JSONL path or a list of passages; ``None`` means the bundled
-    22,633-passage search corpus. ``remote``: pass ``url=``; ``corpus`` must be ``None`` (the server
+    ``bm25``/``dense``: ``corpus`` is a JSONL path or a list of passages (the bundled 22,633-passage
+    search corpus is ``srpo_envs.tasks.search_data.bundled_corpus_path()``). ``remote``: pass ``url=``; ``corpus`` must be ``None`` (the server
     owns it). Other keyword arguments go to the backend's constructor.
     """
     if backend == "remote":
@@ -62,10 +62,11 @@ def make_retriever(
         return RemoteRetriever(**kwargs)
     if backend not in ("bm25", "dense"):
         raise ValueError(f"unknown retriever backend {backend!r}; choose one of {BACKENDS}")
-    if corpus is None:
-        from srpo_envs.tasks.search_data import bundled_corpus_path
-
-        corpus = bundled_corpus_path(kwargs.get("cache_dir"))
+    if corpus is None:  # the bundled corpus belongs to srpo_envs.tasks.search_data, a layer above
+        raise ValueError(
+            f"the {backend} backend needs a corpus (a JSONL path or passages); for the bundled search "
+            "corpus pass srpo_envs.tasks.search_data.bundled_corpus_path()"
+        )
     if backend == "bm25":
         from srpo_envs.retrievers.bm25 import BM25Retriever
 

@@ -12,9 +12,14 @@ batches, plain ``search`` for a single query (``batch_search`` spins up a Java t
 call). We call the Java class directly rather than through ``pyserini.search.lucene`` because
 importing that Python module also imports torch, transformers, scikit-learn and an OpenAI client
 - 7-10 s per process (every server start, every env worker) for a wrapper of a few lines; the
-results are identical (checked by a test). Lucene's ``IndexSearcher`` is thread-safe, so
-concurrent calls from server threads need no lock; the searcher is warmed once in ``__init__`` so
-its lazily created internals exist before any concurrent use.
+results are identical (checked by a test).
+
+Lucene's ``IndexSearcher`` is thread-safe but the pyjnius bridge to it is not: concurrent calls
+from several Python threads crossed results and raised JVM errors. Every JVM call here therefore
+holds :data:`~srpo_envs.retrievers.jvm.JVM_LOCK`, and a batch of queries goes down as *one*
+``batch_search`` call that Java spreads over its own threads. Callers that want throughput from
+many concurrent requests batch them (the retrieval server does), rather than calling from many
+threads.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from srpo_envs.retrievers.base import (
     file_lock,
     settings_key,
 )
-from srpo_envs.retrievers.jvm import anserini_jar, ensure_jvm
+from srpo_envs.retrievers.jvm import JVM_LOCK, anserini_jar, ensure_jvm
 
 MARKER = "srpo_index.json"
 #: Lucene's default BooleanQuery limit (1024 clauses, one per distinct query term) makes a long,
@@ -120,8 +125,9 @@ class BM25Retriever(CorpusRetriever):
     Java thread count for ``batch_search`` (default: CPU count, at most 8). ``index_built`` tells
     whether this construction had to build the index (False when it came from the cache).
 
-    Each Python thread that searches attaches itself to the JVM and stays attached; call it from
-    long-lived threads (a fixed pool, as the server does), not from thousands of short-lived ones.
+    Safe to call from several threads (calls are serialised on ``JVM_LOCK``), but each Python
+    thread that searches attaches itself to the JVM and stays attached: call it from long-lived
+    threads, not from thousands of short-lived ones. Pass many queries in one call for speed.
     """
 
     name = "bm25"
@@ -141,14 +147,17 @@ class BM25Retriever(CorpusRetriever):
         self.index_dir, self.index_built = build_lucene_index(
             self.passages, self.fingerprint, cache_dir, threads=self.threads, rebuild=rebuild
         )
-        ensure_jvm()
-        from jnius import autoclass
+        self._searcher: Any = None
+        with JVM_LOCK:
+            ensure_jvm()
+            from jnius import autoclass
 
-        autoclass("org.apache.lucene.search.IndexSearcher").setMaxClauseCount(MAX_QUERY_CLAUSES)
-        self._array_list = autoclass("java.util.ArrayList")
-        self._searcher: Any = autoclass("io.anserini.search.SimpleSearcher")(str(self.index_dir))
-        self._searcher.set_bm25(float(k1), float(b))
-        self._searcher.search("warm up", 1)
+            autoclass("org.apache.lucene.search.IndexSearcher").setMaxClauseCount(MAX_QUERY_CLAUSES)
+            self._array_list = autoclass("java.util.ArrayList")
+            searcher = autoclass("io.anserini.search.SimpleSearcher")(str(self.index_dir))
+            searcher.set_bm25(float(k1), float(b))
+            searcher.search("warm up", 1)
+            self._searcher = searcher
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         if self._searcher is None:
@@ -158,25 +167,37 @@ class BM25Retriever(CorpusRetriever):
         out: list[list[Passage]] = [[] for _ in queries]
         if not live:
             return out
-        if len(live) == 1:
-            hits_per_query = [self._searcher.search(live[0], k)]
-        else:
-            jqueries, jqids = self._array_list(), self._array_list()
-            for i, q in enumerate(live):
-                jqueries.add(q)
-                jqids.add(str(i))
-            res = self._searcher.batch_search(jqueries, jqids, k, min(self.threads, len(live)))
-            by_qid = {e.getKey(): e.getValue() for e in res.entrySet().toArray()}
-            hits_per_query = [by_qid.get(str(i), []) for i in range(len(live))]
+        with JVM_LOCK:
+            hits_per_query = self._lucene_hits(live, k)
         for i, hits in zip(idx, hits_per_query, strict=True):
             ranked = []
-            for h in hits:
-                p = self._by_id[h.docid]
-                ranked.append(Passage(p.id, p.title, p.text, float(h.score)))
+            for docid, score in hits:
+                p = self._by_id[docid]
+                ranked.append(Passage(p.id, p.title, p.text, score))
             out[i] = ranked
         return out
 
+    def _lucene_hits(self, live: list[str], k: int) -> list[list[tuple[str, float]]]:
+        """``(docid, score)`` per query, read out of Java. Call with ``JVM_LOCK`` held: every Java
+        object made here is also released (its local ref dropped) before the lock is let go."""
+        searcher = self._searcher
+        if searcher is None:  # closed by another thread since search() checked
+            raise RuntimeError("BM25Retriever is closed")
+        if len(live) == 1:
+            return [[(h.docid, float(h.score)) for h in searcher.search(live[0], k)]]
+        jqueries, jqids = self._array_list(), self._array_list()
+        for i, q in enumerate(live):
+            jqueries.add(q)
+            jqids.add(str(i))
+        res = searcher.batch_search(jqueries, jqids, k, min(self.threads, len(live)))
+        by_qid = {
+            e.getKey(): [(h.docid, float(h.score)) for h in e.getValue()] for e in res.entrySet().toArray()
+        }
+        return [by_qid.get(str(i), []) for i in range(len(live))]
+
     def close(self) -> None:
-        searcher, self._searcher = getattr(self, "_searcher", None), None
-        if searcher is not None:
-            searcher.close()
+        with JVM_LOCK:
+            searcher, self._searcher = getattr(self, "_searcher", None), None
+            if searcher is not None:
+                searcher.close()
+                del searcher

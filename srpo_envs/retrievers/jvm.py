@@ -18,6 +18,14 @@ Anserini jar on ``jnius_config``'s classpath, removes any vector-module option a
 and imports ``jnius`` so the JVM starts right there. When pyserini later calls
 ``configure_classpath``, jnius_config raises "VM is already running"; ``pyserini.pyclass`` wraps
 that call in ``try/except: pass`` precisely for this case, so pyserini then uses our JVM.
+
+Threads: pyjnius is not thread-safe. Two Python threads calling into the JVM at once were seen to
+raise ``NullPointerException`` / ``IncompatibleClassChangeError`` and, worse, to hand one caller
+another call's results. So every in-process JVM call (starting it, building searchers, searching,
+closing) holds :data:`JVM_LOCK`; parallelism comes from *Java* threads instead (Anserini's
+``batch_search`` fans one call out over a Java thread pool), and the retrieval server batches
+concurrent requests into such calls from a single thread. Index builds run in a subprocess with
+its own JVM.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ import os
 import threading
 from pathlib import Path
 
-_LOCK = threading.Lock()
+#: Held around every call into the in-process JVM (see the module docstring). Re-entrant, so a
+#: helper that takes it may call another that does.
+JVM_LOCK = threading.RLock()
 _VECTOR_MODULE = "jdk.incubator.vector"
 
 
@@ -105,7 +115,7 @@ def ensure_jvm() -> str:
     """
     import jnius_config
 
-    with _LOCK:
+    with JVM_LOCK:
         jar = anserini_jar()
         if jnius_config.vm_running:
             cp = jnius_config.get_classpath() or []

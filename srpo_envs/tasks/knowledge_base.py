@@ -236,26 +236,3 @@ def make_knowledge_base(
         }
         tasks.append(QATask(f"kb{seed}-n{n_entities}-q{i}", question, (answer,), "procedural_kb", meta))
     return corpus, tasks
-
-
-def tokenizer_corpus(n: int = 4000, seed: int = 0, kb_seed: int = 0) -> list[str]:
-    """Texts a tiny search model's tokenizer is trained on: what the KB search env shows and expects.
-
-    Plays ``MultiTurnSearchEnv`` on the train questions with the scripted search teacher and keeps
-    every observation and action, plus every passage, so the BPE learns the invented names' syllables.
-    """
-    from agents.scripted import ScriptedTeam  # lazy: agents depends on srpo_envs, not the reverse
-    from srpo_envs.search import MultiTurnSearchEnv
-
-    passages, _ = make_knowledge_base(seed=kb_seed, split="train")
-    texts: list[str] = [f"({p.title}) {p.text}" for p in passages]
-    env = MultiTurnSearchEnv(dataset="kb", split="train", kb_seed=kb_seed)
-    team = ScriptedTeam.search_teacher(env, p_correct=0.7, seed=seed)
-    rng = random.Random(seed)
-    i = 0
-    while len(texts) < n:
-        for obs, _, actions in team.play(env, rng.randint(0, 2**31), i % len(env.tasks)):
-            texts.extend(obs[a] for a in env.active_agents)
-            texts.extend(actions.values())
-        i += 1
-    return texts[:n]

@@ -2,8 +2,15 @@
 
 ``load_math(source)`` resolves, in order: a bundled name (``math500``, ``aime24``...), ``procedural``
 (optionally ``procedural:<difficulty>``), a local ``.jsonl``/``.jsonl.gz``/``.parquet``/``.json`` file,
-and finally a Hugging Face ``datasets`` id (needs network; imported lazily so offline use never
-touches the hub).
+and finally a Hugging Face ``datasets`` id (needs network or the HF cache). Local files and hub ids
+are read by the same ``datasets`` path (:func:`srpo_envs.tasks.records.read_records`).
+
+Training sets (:data:`TRAINING_SETS`: ``math_train``, ``gsm8k_train``) have a held-out split: problems
+whose normalised text hashes into the first :data:`HELDOUT_PERCENT` of 100 buckets. Splitting by
+text (not by id or position) keeps the two sides disjoint even where a problem occurs twice, and
+keeps a problem on its side whatever the file order. ``split="train"`` (the default for a training
+set, so nothing trains on held-out problems by accident) and ``split="test"`` (or ``"heldout"``)
+pick a side; ``split="all"`` is the whole file. The bundled evaluation sets are one split.
 """
 
 from __future__ import annotations
@@ -11,11 +18,13 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from dataclasses import dataclass, field
+import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from srpo_envs.tasks.task import MathTask
 
 #: Bundled name -> file in ``srpo_envs/data/math`` (see ATTRIBUTION.md there for provenance).
 MATH_DATASETS: dict[str, str] = {
@@ -29,17 +38,34 @@ MATH_DATASETS: dict[str, str] = {
     "gsm8k_train": "gsm8k_train.jsonl.gz",
     "math_train": "math_train.jsonl.gz",
 }
+#: Bundled training sets; each has a held-out split disjoint from its training split.
+TRAINING_SETS: frozenset[str] = frozenset({"gsm8k_train", "math_train"})
+#: Share (in percent) of a training set that is held out.
+HELDOUT_PERCENT = 5
+_HELDOUT_SPLITS = ("test", "heldout", "validation", "dev")
+_WS = re.compile(r"\s+")
 
 
-@dataclass(frozen=True)
-class MathTask:
-    """One problem with its reference answer (a string, LaTeX allowed)."""
+def normalize_problem(text: str) -> str:
+    """Problem text for identity checks: case-folded, whitespace collapsed."""
+    return _WS.sub(" ", text).strip().casefold()
 
-    id: str
-    problem: str
-    answer: str
-    source: str = ""
-    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+def is_heldout(problem: str, percent: int = HELDOUT_PERCENT) -> bool:
+    """Whether a training-set problem belongs to the held-out split (a hash of its normalised text)."""
+    digest = hashlib.sha256(normalize_problem(problem).encode("utf-8")).hexdigest()
+    return int(digest[:8], 16) % 100 < percent
+
+
+def split_training_set(tasks: list[MathTask], split: str | None) -> list[MathTask]:
+    """The ``train`` (default), ``test``/``heldout`` or ``all`` part of a training set."""
+    if split in (None, "train"):
+        return [t for t in tasks if not is_heldout(t.problem)]
+    if split in _HELDOUT_SPLITS:
+        return [t for t in tasks if is_heldout(t.problem)]
+    if split == "all":
+        return list(tasks)
+    raise ValueError(f"split must be train, test (heldout) or all, got {split!r}")
 
 
 def _data_file(name: str) -> Path:
@@ -57,17 +83,9 @@ def dataset_sha256(source: str) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    suffixes = "".join(path.suffixes[-2:])
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        return pd.read_parquet(path).to_dict(orient="records")
-    opener = gzip.open if suffixes.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        if path.suffix == ".json":
-            data = json.load(fh)
-            return data if isinstance(data, list) else data.get("data", [])
+def _read_bundled(path: Path) -> list[dict[str, Any]]:
+    """A bundled ``.jsonl.gz`` (read directly: fast, and its bytes are what ``dataset_sha256`` hashes)."""
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
 
@@ -90,7 +108,7 @@ def _to_task(rec: dict[str, Any], source: str, index: int) -> MathTask:
 
 @lru_cache(maxsize=32)
 def _load_bundled(name: str) -> tuple[MathTask, ...]:
-    return tuple(_to_task(r, name, i) for i, r in enumerate(_read_records(_data_file(MATH_DATASETS[name]))))
+    return tuple(_to_task(r, name, i) for i, r in enumerate(_read_bundled(_data_file(MATH_DATASETS[name]))))
 
 
 #: ``procedural``: nested multi-step arithmetic; ``procedural-columns``: column addition (see
@@ -103,10 +121,16 @@ def load_math(
 ) -> list[MathTask]:
     """Load math tasks from a bundled name, ``procedural[-columns][:difficulty]``, a local file or a hub id.
 
-    ``split`` picks the procedural split (``train``/``test``) or a hub split (default ``test``).
+    ``split`` picks the procedural split (``train``/``test``), a training set's split (see the module
+    docstring; default ``train``) or a hub split (default ``test``). A bundled evaluation set is one
+    split: ``None``/``test``/``all`` load it, anything else is an error.
     """
     if source in MATH_DATASETS:
         tasks = list(_load_bundled(source))
+        if source in TRAINING_SETS:
+            tasks = split_training_set(tasks, split)
+        elif split not in (None, "test", "all"):
+            raise ValueError(f"bundled {source!r} is an evaluation set; split={split!r} does not exist")
     elif source.startswith("procedural"):
         from srpo_envs.tasks.procedural import make_arithmetic_tasks, make_column_addition_tasks
 
@@ -123,8 +147,10 @@ def load_math(
         else:
             tasks = make_arithmetic_tasks(split=split or "train", **procedural_kwargs)
     elif Path(source).expanduser().is_file():
+        from srpo_envs.tasks.records import read_records
+
         path = Path(source).expanduser()
-        tasks = [_to_task(r, path.stem, i) for i, r in enumerate(_read_records(path))]
+        tasks = [_to_task(r, path.name.split(".")[0], i) for i, r in enumerate(read_records(str(path)))]
     else:
         tasks = _load_hub(source, split or "test")
     if not tasks:
@@ -140,8 +166,6 @@ def _load_hub(dataset_id: str, split: str) -> list[MathTask]:
             f"unknown math dataset {dataset_id!r}: not bundled ({known}, procedural[:d]), "
             "not a local file, and not a hub id of the form owner/name"
         )
-    import datasets
+    from srpo_envs.tasks.records import read_records
 
-    name, _, config = dataset_id.partition(":")
-    ds = datasets.load_dataset(name, config or None, split=split)
-    return [_to_task(dict(r), dataset_id, i) for i, r in enumerate(ds)]
+    return [_to_task(r, dataset_id, i) for i, r in enumerate(read_records(dataset_id, split))]

@@ -23,7 +23,7 @@ import random
 import re
 from collections.abc import Callable
 
-from srpo_envs.tasks.math_data import MathTask
+from srpo_envs.tasks.task import MathTask
 
 TEST_BUCKETS = 2  # of 10: ~20% of all problems belong to the test split
 
@@ -196,29 +196,3 @@ def _make_column_addition_tasks(
         return f"{a} + {b}", a + b, column_solution(a, b)[0]
 
     return _distinct_tasks(draw, n, split, strict, "columns", difficulty)
-
-
-def tokenizer_corpus(n: int = 4000, seed: int = 0) -> list[str]:
-    """Texts a tiny model's tokenizer is trained on: the prompts and answers the math env produces.
-
-    Runs every math workflow with scripted agents on procedural tasks and keeps each observation and
-    action, so the tokenizer learns the words the model will actually read and write.
-    """
-    from agents.scripted import ScriptedTeam  # lazy: agents depends on srpo_envs, not the reverse
-    from srpo_envs.math_verify import MathVerifyEnv
-
-    texts: list[str] = []
-    rng = random.Random(seed)
-    workflows = ("proposers-aggregator", "solver-verifier", "routed")
-    per = max(1, n // (len(workflows) * 4))
-    for workflow in workflows:
-        for difficulty in (1, 2, 3):
-            env = MathVerifyEnv(
-                workflow=workflow, dataset="procedural", difficulty=difficulty, dataset_size=per
-            )
-            team = ScriptedTeam.noisy_oracle(env, p_correct=0.6, seed=rng.randint(0, 2**31))
-            for i in range(per):
-                for obs, _, actions in team.play(env, rng.randint(0, 2**31), i):
-                    texts.extend(obs[a] for a in env.active_agents)
-                    texts.extend(actions.values())
-    return texts[: max(n, 1)] if len(texts) > n else texts

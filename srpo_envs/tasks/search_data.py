@@ -3,8 +3,17 @@ and the bundled retrieval corpus.
 
 ``load_qa(source)`` resolves, in order: a bundled name (``nq``, ``triviaqa``, ``popqa``,
 ``hotpotqa``, ``2wikimultihopqa``, ``musique``, ``bamboogle``), a local ``.jsonl``/``.jsonl.gz``/
-``.parquet``/``.json`` file, and finally a Hugging Face ``datasets`` id (needs network; imported
-lazily so offline use never touches the hub).
+``.parquet``/``.json`` file, and finally a Hugging Face ``datasets`` id (needs network or the HF
+cache). Local files and hub ids are read by the same ``datasets`` path
+(:func:`srpo_envs.tasks.records.read_records`).
+
+Evidence (``meta.evidence_in_corpus``): the bundled corpus is built from the gold/context paragraphs
+of nq, hotpotqa, musique and 2wikimultihopqa. nq and hotpotqa (all 500) and musique (200 of 500) have
+their supporting passages in it (``True``); for 2wikimultihopqa the question's context paragraphs are
+in it but which ones are gold is matched by a heuristic (``"heuristic"``). triviaqa, popqa, bamboogle
+and the other 300 musique questions have no evidence there (``False``): their EM over the bundled
+corpus measures what the model already knows (plus lucky retrieval), not search. Use
+``evidence_only=True``, or a full Wikipedia index (``srpo index build``), for a retrieval score.
 
 The bundled corpus is four per-source passage files (22,633 passages, ids unique across files,
 see ``srpo_envs/data/search/ATTRIBUTION.md``); :func:`bundled_corpus_path` joins them into one
@@ -86,15 +95,8 @@ def dataset_sha256(source: str) -> str:
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        return pd.read_parquet(path).to_dict(orient="records")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        if path.suffix == ".json":
-            data = json.load(fh)
-            return data if isinstance(data, list) else data.get("data", [])
+    """A bundled ``.jsonl.gz`` (read directly: fast, and its bytes are what ``dataset_sha256`` hashes)."""
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
 
@@ -154,8 +156,10 @@ def load_qa(
             raise ValueError(f"bundled {source!r} is one evaluation sample; split={split!r} does not exist")
         tasks = list(_load_bundled(source))
     elif Path(source).expanduser().is_file():
+        from srpo_envs.tasks.records import read_records
+
         path = Path(source).expanduser()
-        tasks = [_to_task(r, path.name.split(".")[0], i) for i, r in enumerate(_read_records(path))]
+        tasks = [_to_task(r, path.name.split(".")[0], i) for i, r in enumerate(read_records(str(path)))]
     else:
         tasks = _load_hub(source, split or "test")
     if evidence_only:
@@ -175,11 +179,9 @@ def _load_hub(dataset_id: str, split: str) -> list[QATask]:
             f"unknown QA dataset {dataset_id!r}: not bundled ({known}), not a local file, "
             "and not a hub id of the form owner/name"
         )
-    import datasets
+    from srpo_envs.tasks.records import read_records
 
-    name, _, config = dataset_id.partition(":")
-    ds = datasets.load_dataset(name, config or None, split=split)
-    return [_to_task(dict(r), dataset_id, i) for i, r in enumerate(ds)]
+    return [_to_task(r, dataset_id, i) for i, r in enumerate(read_records(dataset_id, split))]
 
 
 def bundled_corpus_sha256() -> str:

@@ -1,0 +1,320 @@
+"""Rollout collection in N Ray actors: the same rows as :class:`agents.rollout.RolloutCollector`, spread out.
+
+Why Ray: rollouts of multi-agent teams are embarrassingly parallel across tasks, and users outgrow one
+process at once (several GPUs, several nodes). Ray gives actors (long-lived processes that keep their
+envs, retriever connections and a policy copy or a vLLM engine), an object store for broadcasting
+weights once per update, and the same code on a laptop (a local Ray started on demand) and on a
+cluster (``--ray-address`` / ``RAY_ADDRESS``).
+
+Determinism. Every request's sampling seed is derived by the collector from (collection seed, episode,
+step, agent), and episode ids from (seed, task, sample), so *which* process collects a task does not
+change its episode. :meth:`RayRolloutCollector.collect` splits the task indices into contiguous
+chunks, one per worker, and concatenates the workers' rows, episodes and events in chunk order: the
+result is the row list a single in-process collector returns for the same call (tested with 1 and 2
+workers, and against the in-process collector).
+
+Weights. :meth:`RayRolloutCollector.load_weights` puts the learner's state dicts into the object store
+once (``ray.put``) and every actor loads them from there; it also sets each policy's
+``policy_version``, so rows carry the version of the weights that produced them. A policy with its
+own ``load_weights`` (e.g. :class:`agents.vllm.VLLMPolicy`) is updated through it; an HF policy by
+``model.load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agents.policy import PolicyMap, SamplingParams
+from agents.prompts import RolePrompts
+from agents.rollout import RolloutBatch, RolloutCollector
+
+__all__ = [
+    "HFPolicyFactory",
+    "RayRolloutCollector",
+    "RolloutWorkerPool",
+    "distinct_models",
+    "ensure_ray",
+    "model_states",
+    "split_tasks",
+]
+
+INSTALL_HINT = (
+    "Ray rollout workers need ray: pip install ray (a dependency of srpo; reinstall with install.sh)"
+)
+
+
+def _require_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - ray is a core dependency
+        raise ImportError(INSTALL_HINT) from exc
+    return ray
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> Any:
+    """Connect to Ray once per process and return the ``ray`` module.
+
+    ``address`` (or the ``RAY_ADDRESS`` environment variable) joins an existing cluster; with neither a
+    local Ray starts on demand with ``num_cpus`` CPUs (default: all of this machine's) and no dashboard.
+    An already initialised Ray (e.g. a test's) is reused as is.
+    """
+    ray = _require_ray()
+    if ray.is_initialized():
+        return ray
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=True)
+    return ray
+
+
+def split_tasks(task_indices: Sequence[int], n: int) -> list[list[int]]:
+    """Contiguous, order-preserving chunks of ``task_indices`` for ``n`` workers (sizes differ by <= 1).
+
+    Empty chunks are left out, so fewer chunks than workers come back when there are fewer tasks.
+    """
+    if n < 1:
+        raise ValueError(f"need at least one worker, got {n}")
+    tasks = list(task_indices)
+    base, extra = divmod(len(tasks), n)
+    chunks, start = [], 0
+    for i in range(n):
+        size = base + (1 if i < extra else 0)
+        if size:
+            chunks.append(tasks[start : start + size])
+        start += size
+    return chunks
+
+
+def merge_batches(batches: Sequence[RolloutBatch]) -> RolloutBatch:
+    """Concatenate rollout batches in the given order (rows, episodes and events)."""
+    events: dict[str, list[Any]] = {}
+    for b in batches:
+        events.update(b.events)
+    return RolloutBatch(
+        rows=list(itertools.chain.from_iterable(b.rows for b in batches)),
+        episodes=list(itertools.chain.from_iterable(b.episodes for b in batches)),
+        events=events,
+    )
+
+
+def distinct_models(policies: PolicyMap) -> list[Any]:
+    """One policy per distinct model object, in a fixed order (LoRA views of one base count once).
+
+    The learner and every worker build their policy maps the same way, so position ``i`` names the
+    same model on both sides; weights travel as ``model<i>`` state dicts.
+    """
+    seen: dict[int, Any] = {}
+    for pol in policies.policies:
+        seen.setdefault(id(getattr(pol, "model", pol)), pol)
+    return list(seen.values())
+
+
+def model_states(policies: PolicyMap) -> dict[str, dict[str, Any]]:
+    """``model<i> -> state_dict`` (detached CPU tensors) of every distinct model of ``policies``."""
+    return {
+        f"model{i}": {k: v.detach().to("cpu") for k, v in pol.model.state_dict().items()}
+        for i, pol in enumerate(distinct_models(policies))
+    }
+
+
+def load_model_states(
+    policies: PolicyMap, states: Mapping[str, Mapping[str, Any]], versions: Sequence[int] | None = None
+) -> None:
+    """Load :func:`model_states` output into ``policies`` and set their ``policy_version`` s."""
+    models = distinct_models(policies)
+    if len(models) != len(states):
+        raise ValueError(f"got weights for {len(states)} model(s), the policies have {len(models)}")
+    for pol, tensors in zip(models, states.values(), strict=True):
+        if callable(getattr(pol, "load_weights", None)):
+            pol.load_weights(dict(tensors))
+        else:
+            pol.model.load_state_dict(dict(tensors))
+    if versions is not None:
+        pols = policies.policies
+        if len(pols) != len(versions):
+            raise ValueError(f"got {len(versions)} policy versions for {len(pols)} policies")
+        for pol, version in zip(pols, versions, strict=True):
+            pol.policy_version = int(version)
+
+
+@dataclass(frozen=True)
+class HFPolicyFactory:
+    """Builds the role -> policy map of a training run (picklable, so Ray actors build their own copy).
+
+    ``sharing``: ``shared`` (one model), ``per-role`` (a model per role) or ``lora`` (one base with a
+    LoRA adapter per role). Learner and workers build their maps with the same factory, so the
+    distinct models line up (:func:`distinct_models`).
+    """
+
+    model: str
+    roles: tuple[str, ...]
+    sharing: str = "shared"
+    lora_rank: int = 8
+    device: str | None = None
+    dtype: str | None = None
+
+    def __call__(self) -> PolicyMap:
+        from agents.hf import HFPolicy, default_lora_config, lora_policy_map
+
+        def make() -> HFPolicy:
+            return HFPolicy(self.model, device=self.device, dtype=self.dtype)
+
+        if self.sharing == "shared":
+            return PolicyMap.shared(make(), self.roles)
+        if self.sharing == "per-role":
+            return PolicyMap.per_role({role: make() for role in self.roles})
+        if self.sharing == "lora":
+            return lora_policy_map(
+                make(), self.roles, lora_config=default_lora_config(r=self.lora_rank)
+            )
+        raise ValueError(f"unknown sharing {self.sharing!r}")
+
+
+class _RolloutWorker:
+    """One Ray actor: a policy map built by ``policy_factory`` and one collector per registered env."""
+
+    def __init__(self, policy_factory: Callable[[], PolicyMap], torch_threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, torch_threads))
+        self.policies = policy_factory()
+        self.collectors: dict[str, RolloutCollector] = {}
+
+    def add_env(
+        self,
+        key: str,
+        env_fn: Callable[[], Any],
+        sampling: SamplingParams | Mapping[str, SamplingParams] | None,
+        prompts: RolePrompts | None,
+    ) -> None:
+        self.collectors[key] = RolloutCollector(env_fn, self.policies, sampling, prompts)
+
+    def collect(self, key: str, task_indices: list[int], group_size: int, seed: int) -> RolloutBatch:
+        return self.collectors[key].collect(task_indices, group_size, seed)
+
+    def load_weights(self, states: dict[str, dict[str, Any]], versions: list[int] | None) -> None:
+        load_model_states(self.policies, states, versions)
+
+    def versions(self) -> list[int]:
+        return [int(p.policy_version) for p in self.policies.policies]
+
+    def close_env(self, key: str) -> None:
+        collector = self.collectors.pop(key, None)
+        for env in getattr(collector, "_envs", []):
+            close = getattr(env, "close", None)
+            if callable(close):
+                close()
+
+
+class RolloutWorkerPool:
+    """N Ray actors, each holding its own copy of the policies (built in the actor by ``policy_factory``).
+
+    Args:
+        policy_factory: builds the role -> policy map inside each actor (a picklable callable; it runs
+            on the worker's machine, so model paths must exist there).
+        num_workers: number of actors.
+        ray_address: join this cluster (else ``RAY_ADDRESS``, else a local Ray).
+        torch_threads: ``torch.set_num_threads`` in each actor (set it to the CPUs each one gets).
+        num_cpus / num_gpus: Ray resources reserved per actor (a vLLM or CUDA policy needs a GPU).
+        start_timeout_s: how long to wait for the actors to be placed and to build their policies.
+    """
+
+    def __init__(
+        self,
+        policy_factory: Callable[[], PolicyMap],
+        num_workers: int,
+        *,
+        ray_address: str | None = None,
+        torch_threads: int = 1,
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+        start_timeout_s: float = 600.0,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        ray = ensure_ray(ray_address, num_cpus=max(1, int(num_workers * num_cpus)))
+        self._ray = ray
+        actor_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_RolloutWorker)
+        self.workers = [actor_cls.remote(policy_factory, torch_threads) for _ in range(num_workers)]
+        self._keys = itertools.count()
+        # fail here (not at the first collect) when a worker cannot build its policies, and do not wait
+        # forever when the cluster lacks the resources to place the actors
+        try:
+            ray.get([w.versions.remote() for w in self.workers], timeout=start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.shutdown()
+            raise RuntimeError(
+                f"{num_workers} rollout worker(s) did not start within {start_timeout_s:.0f} s: the Ray "
+                f"cluster needs {num_cpus} CPU(s) and {num_gpus} GPU(s) free per worker "
+                f"(available: {ray.available_resources()})"
+            ) from None
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    def collector(
+        self,
+        env_fn: Callable[[], Any],
+        sampling: SamplingParams | Mapping[str, SamplingParams] | None = None,
+        prompts: RolePrompts | None = None,
+    ) -> RayRolloutCollector:
+        """A collector for one env factory on this pool's workers (several may share a pool)."""
+        return RayRolloutCollector(self, env_fn, sampling, prompts)
+
+    def load_weights(self, states: Mapping[str, Mapping[str, Any]], versions: Sequence[int] | None) -> None:
+        """Broadcast new weights: one ``ray.put``, every actor loads from the object store."""
+        ref = self._ray.put(dict(states))
+        self._ray.get(
+            [w.load_weights.remote(ref, None if versions is None else list(versions)) for w in self.workers]
+        )
+
+    def versions(self) -> list[list[int]]:
+        """Every worker's policy versions (for checks and tests)."""
+        return self._ray.get([w.versions.remote() for w in self.workers])
+
+    def shutdown(self) -> None:
+        """Stop the actors (the Ray runtime itself stays up for other users in this process)."""
+        for w in self.workers:
+            self._ray.kill(w)
+        self.workers = []
+
+
+class RayRolloutCollector:
+    """Drop-in for :class:`~agents.rollout.RolloutCollector` whose ``collect`` runs on a worker pool.
+
+    Build it with :meth:`RolloutWorkerPool.collector`. ``collect`` returns exactly what an in-process
+    collector returns for the same arguments (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        pool: RolloutWorkerPool,
+        env_fn: Callable[[], Any],
+        sampling: SamplingParams | Mapping[str, SamplingParams] | None = None,
+        prompts: RolePrompts | None = None,
+    ) -> None:
+        self.pool = pool
+        self.key = f"env{next(pool._keys)}"
+        pool._ray.get([w.add_env.remote(self.key, env_fn, sampling, prompts) for w in pool.workers])
+
+    def collect(self, task_indices: Sequence[int], group_size: int = 1, seed: int = 0) -> RolloutBatch:
+        """Roll out ``group_size`` episodes of each task, spread over the workers; merged in task order."""
+        if group_size < 1 or not task_indices:
+            raise ValueError("need at least one task and group_size >= 1")
+        chunks = split_tasks(task_indices, self.pool.num_workers)
+        refs = [
+            w.collect.remote(self.key, chunk, group_size, seed)
+            for w, chunk in zip(self.pool.workers, chunks, strict=False)
+        ]
+        return merge_batches(self.pool._ray.get(refs))
+
+    def close(self) -> None:
+        """Close this collector's envs on every worker."""
+        self.pool._ray.get([w.close_env.remote(self.key) for w in self.pool.workers])

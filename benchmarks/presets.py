@@ -1,0 +1,134 @@
+"""Named settings of the benchmark commands, kept apart from the code that runs them.
+
+What lives here: the suites ``srpo bench compare``/``ablation``/``quick`` can train on
+(:data:`TRAINING_ENVS`), the shipped warm starts they begin from, the RL settings of the CPU-scale
+runs (:data:`QUICK_TRAIN`, :data:`QUICK_SETTINGS`) and the variant sets a comparison trains
+(:data:`ALGORITHMS`, :data:`ABLATIONS`). Changing an experiment means editing this file only; the
+runners (:mod:`benchmarks.cli`, :mod:`benchmarks.compare`) read these names and hold no numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.suites import ROUTED_MEMBER_COST
+
+_CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
+#: Where ``srpo bench quick`` looks for shipped warm-started tiny models before building them.
+BUNDLED_MODEL = _CHECKPOINTS / "mini-sft"
+BUNDLED_SEARCH_MODEL = _CHECKPOINTS / "mini-search-sft"
+BUNDLED_COLUMNS_MODEL = _CHECKPOINTS / "mini-columns-sft"
+
+
+@dataclass(frozen=True)
+class TrainingEnv:
+    """Where a CPU-scale suite's RL runs train: the env, its workflow and train-split kwargs."""
+
+    env_id: str
+    workflow: str
+    env_kwargs: dict[str, Any]
+    bundled_model: Path  # the shipped warm start for this suite
+    recipe: str  # the ``learners.presets.RECIPES`` entry (``srpo model sft --recipe``) that rebuilds it
+
+
+#: Suites ``bench compare``/``ablation``/``quick`` can train on (evaluation is on the suite's test split).
+TRAINING_ENVS: dict[str, TrainingEnv] = {
+    "quick-math": TrainingEnv(
+        "ProcArith-v0",
+        "proposers-aggregator",
+        # balanced: all 111 one-operation train problems and as many two-operation ones (see the README
+        # for why the cap matters)
+        {"difficulty": [1, 2], "max_operand": 9, "dataset_size": 111},
+        BUNDLED_MODEL,
+        "math",
+    ),
+    "quick-columns": TrainingEnv(
+        "ProcArith-v0",
+        "proposers-aggregator",
+        {"dataset": "procedural-columns", "difficulty": [2, 3]},
+        BUNDLED_COLUMNS_MODEL,
+        "columns",
+    ),
+    "quick-search": TrainingEnv("MultiTurnSearch-v0", "parallel", {}, BUNDLED_SEARCH_MODEL, "search"),
+    # the routed column suite: K varies per event (the router sends 1..3 proposers) and each member
+    # costs ROUTED_MEMBER_COST of team reward, so the router has a reason to choose
+    "quick-columns-routed": TrainingEnv(
+        "ProcArith-v0",
+        "routed",
+        {"dataset": "procedural-columns", "difficulty": [2, 3], "member_cost": ROUTED_MEMBER_COST},
+        BUNDLED_COLUMNS_MODEL,
+        "columns",
+    ),
+    # the paper's suites: train on MATH's training split (its held-out 5% is excluded, see
+    # srpo_envs.tasks.math_data) and evaluate on the six benchmarks
+    "math": TrainingEnv(
+        "MathVerify-v0", "proposers-aggregator", {"dataset": "math_train"}, BUNDLED_MODEL, "math"
+    ),
+    "math-routed": TrainingEnv(
+        "MathVerify-v0",
+        "routed",
+        {"dataset": "math_train", "member_cost": ROUTED_MEMBER_COST},
+        BUNDLED_MODEL,
+        "math",
+    ),
+    # no search training set is bundled: at CPU scale the search suites train on the procedural KB's
+    # train questions (a real run trains on NQ + HotpotQA train files via `srpo train`)
+    "search": TrainingEnv("MultiTurnSearch-v0", "parallel", {}, BUNDLED_SEARCH_MODEL, "search"),
+    "search-routed": TrainingEnv(
+        "MultiTurnSearch-v0", "routed", {"member_cost": ROUTED_MEMBER_COST}, BUNDLED_SEARCH_MODEL, "search"
+    ),
+}
+
+#: RL settings of the CPU-scale runs: one on-policy minibatch per iteration, a small learning rate
+#: (larger ones destabilise the 2.4M-parameter warm start).
+QUICK_TRAIN: dict[str, Any] = {
+    "tasks_per_iter": 8,
+    "group_size": 4,
+    "epochs": 1,
+    "rows_per_batch": 256,
+    "lr": 3e-5,
+}
+
+#: Per-suite RL settings and eval k of ``bench quick``.
+QUICK_SETTINGS: dict[str, dict[str, Any]] = {
+    # larger batches, one optimizer step each, lr 1e-4
+    "quick-columns": {
+        "train": {
+            **QUICK_TRAIN,
+            "iterations": 5,
+            "tasks_per_iter": 16,
+            "group_size": 8,
+            "rows_per_batch": 1024,
+            "lr": 1e-4,
+        },
+        "eval_k": 2,
+    },
+    "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2},
+    # search episodes run up to 4 events with long prompts (MAPPO's critic reads them too): fewer iterations
+    "quick-search": {"train": {**QUICK_TRAIN, "iterations": 8}, "eval_k": 2},
+}
+
+#: Comparison variants: name -> ``TrainConfig`` overrides.
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    "srpo": {"algo": "srpo"},
+    "grpo": {"algo": "grpo"},
+    "mappo": {"algo": "mappo"},
+}
+#: The SRPO set-normalisation ablation (``srpo bench ablation``): sqrt (default), sum, mean and K=1.
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "srpo-sqrt": {"algo": "srpo", "norm": "sqrt"},
+    "srpo-sum": {"algo": "srpo", "norm": "sum"},
+    "srpo-mean": {"algo": "srpo", "norm": "mean"},
+    "srpo-k1": {"algo": "srpo", "norm": "k1"},
+}
+
+#: Defaults of ``srpo bench compare`` / ``ablation`` that are not RL settings.
+COMPARE_DEFAULTS: dict[str, Any] = {
+    "seeds": "0,1,2",
+    "ablation_seeds": "0,1",
+    "iterations": 10,
+    "eval_k": 2,
+    "eval_limit": 32,
+}

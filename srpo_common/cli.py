@@ -1,0 +1,269 @@
+"""Command-line options generated from a config dataclass: one declaration per setting.
+
+A package's config dataclass (``SFTConfig``, ``TrainConfig``, ...) already names every setting, its
+type and its default; re-declaring them as typer options by hand lets the two drift apart. Here the
+options are *generated*: :func:`dataclass_command` wraps a function ``run(cfg, **extra)`` into a typer
+command that has one ``--option`` per dataclass field, builds the config from the parsed values and
+calls ``run``.
+
+The ``--help`` text of an option is its field's documentation, found in the class source, in this
+order (the CleanRL/tyro convention first)::
+
+    @dataclass
+    class SFTConfig:
+        steps: int = 1000
+        \"\"\"Optimizer steps of the first pass.\"\"\"   # 1. a string right after the field
+        #: Learning rate of the first pass.            # 2. ``#:`` comment lines right above it
+        lr: float = 2e-3
+        seed: int = 0  # sampling and data seed          # 3. a comment on the field's own line
+
+How field types become options:
+
+* ``int``, ``float``, ``str``, ``Path`` and ``X | None`` of those: one option of that type;
+* ``bool``: a ``--flag/--no-flag`` pair;
+* ``Literal["a", "b"]``: a string checked against the choices;
+* ``tuple[T, ...]`` / ``list[T]``: one comma-separated option (``--difficulties 1,2``);
+* ``dict[str, ...]``: a repeatable ``KEY=VALUE`` option parsed by :func:`srpo_common.kv.parse_kv`
+  (values as JSON when they parse), merged over the field's default.
+
+Usage (``run``'s own parameters after the config become extra options, declared the typer way)::
+
+    @dataclass_command(SFTConfig, exclude=("kb_seed",), names={"env_id": "--env"})
+    def sft_command(
+        cfg: SFTConfig, model: Annotated[str, typer.Option(help="model directory")]
+    ) -> None:
+        \"\"\"Warm-start MODEL on teacher demonstrations.\"\"\"  # the command's help
+        run_sft(model, cfg)
+
+    app.command("sft")(sft_command)
+
+A ``ValueError`` raised while building the config (``__post_init__`` validation) becomes a
+``typer.BadParameter``, so bad input is a usage error with the config's own message, not a traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import typer
+
+from srpo_common.kv import parse_kv
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_SCALARS = (int, float, str, Path)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each dataclass field's documentation (see the module docstring for where it is read from).
+
+    Base classes are read first, so a subclass's text for a field wins. Whitespace is folded to one
+    line; a field with no documentation maps to ``""``.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):  # defined in a REPL / exec: no source to read
+            continue
+        lines = source.splitlines()
+        class_def = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
+        body = class_def.body
+        for i, node in enumerate(body):
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            name = node.target.id
+            text = ""
+            nxt = body[i + 1] if i + 1 < len(body) else None
+            if (
+                isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                text = nxt.value.value
+            else:
+                above: list[str] = []
+                j = node.lineno - 2  # 0-based index of the line above the field
+                while j >= 0 and lines[j].strip().startswith("#:"):
+                    above.insert(0, lines[j].strip()[2:].strip())
+                    j -= 1
+                text = " ".join(above)
+                last = lines[(node.end_lineno or node.lineno) - 1]
+                code = _code_part(last)
+                if not text and len(code) < len(last):
+                    text = last[len(code) + 1 :]
+            docs[name] = " ".join(text.split())
+    return docs
+
+
+def _code_part(line: str) -> str:
+    """The line without its trailing comment, when the ``#`` is outside a string literal."""
+    in_str: str | None = None
+    for i, ch in enumerate(line):
+        if in_str:
+            if ch == in_str:
+                in_str = None
+        elif ch in "\"'":
+            in_str = ch
+        elif ch == "#":
+            return line[:i]
+    return line
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0], True
+    return tp, False
+
+
+def _field_default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return ...
+
+
+class _Converter:
+    """How one field travels: the option's type and default, and the option value -> field value."""
+
+    def __init__(self, name: str, tp: Any, default: Any, option: str) -> None:
+        self.name, self.option = name, option
+        base, optional = _strip_optional(tp)
+        origin = typing.get_origin(base)
+        self.kind = "scalar"
+        self.suffix = ""
+        if base is bool:
+            self.kind, self.type, self.default = "bool", bool, default
+        elif origin is Literal:
+            self.values = {str(c): c for c in typing.get_args(base)}
+            self.kind, self.type, self.default = "literal", str, default
+            self.suffix = f" (one of: {', '.join(self.values)})"
+        elif origin in (tuple, list):
+            args = [a for a in typing.get_args(base) if a is not Ellipsis]
+            self.item = args[0] if args else str
+            if self.item not in _SCALARS:
+                raise TypeError(f"field {name!r}: sequences of {self.item!r} are not supported")
+            self.kind, self.type, self.container = "seq", str, origin
+            self.default = ",".join(str(v) for v in default) if default not in (..., None) else default
+            self.suffix = " (comma-separated)"
+        elif origin is dict or base is dict:
+            self.kind, self.type = "dict", list[str]
+            self.base_default = dict(default) if isinstance(default, Mapping) else {}
+            self.default = []
+            self.suffix = " (KEY=VALUE, repeatable; VALUE parsed as JSON when it can be)"
+        elif base in _SCALARS:
+            self.type, self.default = base, default
+        else:
+            raise TypeError(f"field {name!r}: no command-line option for type {tp!r}; exclude it")
+        if optional and self.kind in ("scalar", "literal", "seq"):
+            self.type = self.type | None  # type: ignore[operator]
+
+    def param_decls(self) -> tuple[str, ...]:
+        if self.kind == "bool":
+            flag = self.option.removeprefix("--")
+            return (f"--{flag}/--no-{flag}",)
+        return (self.option,)
+
+    def convert(self, value: Any) -> Any:
+        if value is None:
+            return None
+        if self.kind == "literal":
+            if value not in self.values:
+                raise typer.BadParameter(f"must be one of {', '.join(self.values)}", param_hint=self.option)
+            return self.values[value]
+        if self.kind == "seq":
+            try:
+                items = [self.item(v.strip()) for v in str(value).split(",") if v.strip()]
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint=self.option) from None
+            return self.container(items)
+        if self.kind == "dict":
+            try:
+                return {**self.base_default, **parse_kv(value, option=self.option)}
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint=self.option) from None
+        return value
+
+
+def dataclass_command(
+    config_cls: type[T],
+    *,
+    exclude: Iterable[str] = (),
+    names: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    helps: Mapping[str, str] | None = None,
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Decorator: ``run(cfg: config_cls, **extra)`` -> a typer command with one option per field.
+
+    ``exclude``: fields left at their dataclass default (not settable from the command line).
+    ``names``: field -> option name (``{"env_id": "--env"}``); the default is ``--field-name``.
+    ``defaults``: field -> the command's default when it differs from the dataclass's.
+    ``helps``: field -> help text that replaces the field's documentation.
+    ``run``'s parameters after the first are kept as extra options (typer-annotated as usual) and are
+    passed through by name; a field may not share a name with one of them.
+    """
+    skip = set(exclude)
+    names, defaults, helps = dict(names or {}), dict(defaults or {}), dict(helps or {})
+    if not dataclasses.is_dataclass(config_cls):
+        raise TypeError(f"{config_cls!r} is not a dataclass")
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    for label, keys in (("exclude", skip), ("names", names), ("defaults", defaults), ("helps", helps)):
+        unknown = set(keys) - known
+        if unknown:
+            raise ValueError(f"{label} names unknown fields of {config_cls.__name__}: {sorted(unknown)}")
+
+    def decorate(run: Callable[..., R]) -> Callable[..., R]:
+        run_sig = inspect.signature(run, eval_str=True)
+        run_params = list(run_sig.parameters.values())[1:]
+        extra_names = {p.name for p in run_params}
+        hints = typing.get_type_hints(config_cls, include_extras=True)
+        docs = field_docs(config_cls)
+        converters: dict[str, _Converter] = {}
+        params: list[inspect.Parameter] = []
+        for f in dataclasses.fields(config_cls):
+            if f.name in skip or not f.init:
+                continue
+            if f.name in extra_names:
+                raise ValueError(f"field {f.name!r} clashes with a parameter of {run.__name__}; exclude it")
+            default = defaults[f.name] if f.name in defaults else _field_default(f)
+            option = names.get(f.name, "--" + f.name.replace("_", "-"))
+            conv = _Converter(f.name, hints[f.name], default, option)
+            converters[f.name] = conv
+            help_text = (helps.get(f.name) or docs.get(f.name, "")) + conv.suffix
+            info = typer.Option(conv.default, *conv.param_decls(), help=help_text.strip() or None)
+            params.append(
+                inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=conv.type)
+            )
+        extra = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in run_params]
+
+        @functools.wraps(run)
+        def command(**kwargs: Any) -> R:
+            values = {name: conv.convert(kwargs.pop(name)) for name, conv in converters.items()}
+            try:
+                cfg = config_cls(**values)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc)) from None
+            return run(cfg, **kwargs)
+
+        del command.__wrapped__  # typer must read the generated signature, not run's
+        command.__signature__ = inspect.Signature(extra + params, return_annotation=run_sig.return_annotation)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in extra + params}
+        return command
+
+    return decorate

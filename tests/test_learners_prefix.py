@@ -1,0 +1,109 @@
+"""Shared-prefix update forward (learners/prefix.py) equals the per-row path, values and gradients."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from learners.batching import collate, gather_response_logprobs
+from learners.prefix import prompt_groups, shared_prefix_logits, shared_prefix_logprobs
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    m.train()  # the learner's mode (no dropout in these configs)
+    return m
+
+
+def _rows(vocab: int = 256) -> tuple[list[list[int]], list[list[int]]]:
+    """Three prompts of different lengths, shared by 4, 3 and 1 rows, responses of uneven length."""
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in (11, 5, 17)]
+    owner = [0, 1, 0, 2, 1, 0, 1, 0]
+    lens = [7, 1, 12, 3, 9, 12, 4, 2]
+    responses = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lens]
+    return [list(prompts[o]) for o in owner], responses
+
+
+def _per_row(model, prompts, responses, temperature: float) -> torch.Tensor:
+    """The trainer's path: collate -> one forward with logits_to_keep -> gather."""
+    rows = [
+        SimpleNamespace(
+            prompt_ids=p,
+            response_ids=r,
+            response_mask=[1] * len(r),
+            behaviour_logprobs=[0.0] * len(r),
+            reward=0.0,
+        )
+        for p, r in zip(prompts, responses, strict=True)
+    ]
+    batch = collate(rows, pad_id=0)  # type: ignore[arg-type]  # collate reads only these fields
+    logits = model(**batch.model_inputs(), logits_to_keep=batch.response_width + 1).logits
+    return gather_response_logprobs(logits, batch, temperature) * batch.response_attention
+
+
+def test_prompt_groups_first_appearance() -> None:
+    uniq, index = prompt_groups([[1, 2], [3], [1, 2], [3], [4]])
+    assert uniq == [[1, 2], [3], [4]]
+    assert index == [0, 1, 0, 1, 2]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_and_gradients_match_the_per_row_path(model, temperature: float) -> None:
+    prompts, responses = _rows()
+    weights = torch.randn(
+        len(prompts), max(len(r) for r in responses), generator=torch.Generator().manual_seed(1)
+    )
+    model.zero_grad(set_to_none=True)
+    ref = _per_row(model, prompts, responses, temperature)
+    (ref * weights).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    lp, mask, ent = shared_prefix_logprobs(model, prompts, responses, temperature, with_entropy=True)
+    (lp * weights).sum().backward()
+    assert mask.sum().item() == sum(len(r) for r in responses)
+    assert (lp.detach() - ref.detach()).abs().max().item() < 1e-5
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.grad, ref_grads[n], atol=1e-5, rtol=1e-4), n
+    assert ent is not None and bool((ent[mask] > 0).all()) and bool((ent[~mask] == 0).all())
+
+
+def test_prompts_are_forwarded_once(model) -> None:
+    """The saving itself: the first forward sees 3 distinct prompts, the second only response tokens."""
+    prompts, responses = _rows()
+    shapes: list[tuple[int, ...]] = []
+    hook = model.model.embed_tokens.register_forward_hook(
+        lambda _m, args, _o: shapes.append(tuple(args[0].shape))
+    )
+    try:
+        with torch.no_grad():
+            shared_prefix_logits(model, prompts, responses)
+    finally:
+        hook.remove()
+    assert shapes == [(3, 17), (8, 11)]
+
+
+def test_checkpointing_falls_back_to_the_per_row_forward(tiny_model_dir) -> None:
+    m = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    enable = getattr(m, "activation_checkpointing_enable", None) or m.gradient_checkpointing_enable
+    enable()
+    m.train()
+    prompts, responses = _rows()
+    lp, _, _ = shared_prefix_logprobs(m, prompts, responses)
+    with torch.no_grad():
+        ref = _per_row(m, prompts, responses, 1.0)
+    assert (lp.detach() - ref).abs().max().item() < 1e-5
+
+
+def test_bad_input_is_rejected(model) -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        shared_prefix_logits(model, [[1]], [])
+    with pytest.raises(ValueError, match="at least one token"):
+        shared_prefix_logits(model, [[]], [[1]])
+    with pytest.raises(ValueError, match="no response tokens"):
+        shared_prefix_logits(model, [[1]], [[]])
