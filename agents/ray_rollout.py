@@ -35,6 +35,8 @@ from agents.rollout import RolloutBatch, RolloutCollector
 __all__ = [
     "HFPolicyFactory",
     "RayRolloutCollector",
+    "RemotePolicy",
+    "VLLMPolicyFactory",
     "RolloutWorkerPool",
     "distinct_models",
     "ensure_ray",
@@ -176,6 +178,41 @@ class HFPolicyFactory:
         raise ValueError(f"unknown sharing {self.sharing!r}")
 
 
+class RemotePolicy:
+    """Stands for a policy that lives in the rollout workers (the driver holds no copy of the model).
+
+    It carries what callers read from a policy without generating (``policy_version``, a model name
+    and ``eval_cache_key`` for cache identities); ``generate`` is an error, since generation goes
+    through a :class:`RayRolloutCollector`.
+    """
+
+    def __init__(self, model: str, policy_version: int = 0, eval_cache_key: str | None = None) -> None:
+        self.model_name = model
+        self.policy_version = policy_version
+        self.eval_cache_key = eval_cache_key
+
+    def generate(self, requests: Sequence[Any]) -> list[Any]:
+        raise RuntimeError("RemotePolicy generates in Ray workers: use RolloutWorkerPool.collector(...)")
+
+
+@dataclass(frozen=True)
+class VLLMPolicyFactory:
+    """Builds a shared :class:`agents.vllm.VLLMPolicy` inside a worker (one engine per actor)."""
+
+    model: str
+    roles: tuple[str, ...] = ()
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.5
+
+    def __call__(self) -> PolicyMap:
+        from agents.vllm import VLLMPolicy
+
+        return PolicyMap.shared(
+            VLLMPolicy(self.model, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization),
+            self.roles,
+        )
+
+
 class _RolloutWorker:
     """One Ray actor: a policy map built by ``policy_factory`` and one collector per registered env."""
 
@@ -206,10 +243,18 @@ class _RolloutWorker:
 
     def close_env(self, key: str) -> None:
         collector = self.collectors.pop(key, None)
+        closed: set[int] = set()  # search envs of one process share a retriever: close it once
         for env in getattr(collector, "_envs", []):
+            retriever = getattr(env, "retriever", None)
+            if retriever is not None and id(retriever) in closed:
+                continue
+            closed.add(id(retriever))
             close = getattr(env, "close", None)
             if callable(close):
-                close()
+                try:
+                    close()
+                except Exception as exc:  # best effort: the results are already with the driver
+                    print(f"rollout worker: closing an env failed: {exc}")
 
 
 class RolloutWorkerPool:

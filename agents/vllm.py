@@ -188,6 +188,17 @@ class VLLMPolicy:
     def _load_via_driver(self, items: list[tuple[str, Any]]) -> bool:
         executor = getattr(getattr(self.llm, "llm_engine", None), "model_executor", None)
         worker = getattr(executor, "driver_worker", None)
+        # vLLM >= 0.2x: the worker's in-place reload. After loading, backends repack weights into
+        # kernel layouts (the CPU backend does), whose parameters lose the ``weight_loader`` that
+        # ``model.load_weights`` needs ("'Parameter' object has no attribute 'weight_loader'");
+        # ``reload_weights`` maps checkpoint-format tensors through the loaders and repacks again.
+        for path in (("worker",), ()):
+            obj = worker
+            for attr in path:
+                obj = getattr(obj, attr, None)
+            if obj is not None and callable(getattr(obj, "reload_weights", None)):
+                obj.reload_weights(weights_iterator=iter(items), is_checkpoint_format=True)
+                return True
         for path in (("worker", "model_runner", "model"), ("model_runner", "model")):
             obj = worker
             for attr in path:

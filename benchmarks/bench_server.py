@@ -296,6 +296,7 @@ def main() -> int:
             load_test(
                 url, queries, min(50, args.requests), args.clients, args.topk, args.queries_per_request, 30
             )  # warm-up
+            cpu0 = httpx.get(f"{url}/health", timeout=10.0).json().get("cpu_s")
             r = load_test(
                 url,
                 queries,
@@ -317,11 +318,19 @@ def main() -> int:
             f"{r['req_per_s']:5.0f} req/s {r['queries_per_s']:5.0f} q/s | {r['requests_ok']} ok "
             f"{r['errors']} errors {r['not_sent']} not sent | ready in {ready:.1f}s{ratio}"
         )
-        if health.get("batches"):
-            print(
-                f"{'':>10}  {health['served'] / health['batches']:.1f} requests per backend call on average "
-                f"(largest {health['largest_batch']}), warm-up included"
+        notes = []
+        if cpu0 is not None and r["requests_ok"]:
+            cpu = health["cpu_s"] - cpu0
+            notes.append(
+                f"server CPU {cpu * 1e3 / r['requests_ok']:.2f} ms/request, {cpu / r['wall_s']:.2f} cores busy"
             )
+        if health.get("batches"):
+            notes.append(
+                f"{health['served'] / health['batches']:.1f} requests per backend call on average "
+                f"(largest {health['largest_batch']}, warm-up included)"
+            )
+        if notes:
+            print(f"{'':>10}  " + "; ".join(notes))
         failed |= mode == "after" and bool(r["errors"])  # "before" rows may fail: that is the bug
         if args.url:
             break

@@ -15,7 +15,8 @@ with at most ``--new`` new tokens, and take one optimizer step per batch:
 
 Each side runs in its own subprocess (its peak RSS is its own, model load included), alternating
 ``--repeats`` times so load on a shared machine hits both alike; the table shows medians over repeats
-of each side's median timed step (the first TRL step is a warm-up). Without ``trl`` installed the script
+of each side's median timed step (the first TRL step is a warm-up), as wall time and as process CPU
+time (all threads; what to read when other jobs share the machine). Without ``trl`` installed the script
 says so and exits 0.
 """
 
@@ -106,14 +107,17 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
             model=model, reward_funcs=correct, args=cfg, train_dataset=data, processing_class=tokenizer
         )
         gen_s: list[float] = []
+        gen_cpu: list[float] = []
         tokens: list[int] = []
         step_s: list[float] = []
+        step_cpu: list[float] = []
         inner = trainer._generate_and_score_completions
 
         def timed_generation(*a: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = inner(*a, **kw)
             gen_s.append(time.perf_counter() - t0)
+            gen_cpu.append(time.process_time() - c0)
             tokens.append(int(out["completion_mask"].sum()))
             return out
 
@@ -121,25 +125,31 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
 
         class StepClock(TrainerCallback):
             def on_step_begin(self, *_: Any, **__: Any) -> None:
-                self.t0 = time.perf_counter()
+                self.t0, self.c0 = time.perf_counter(), time.process_time()
 
             def on_step_end(self, *_: Any, **__: Any) -> None:
                 step_s.append(time.perf_counter() - self.t0)
+                step_cpu.append(time.process_time() - self.c0)
 
         trainer.add_callback(StepClock())
         trainer.train()
     if not (len(step_s) == len(gen_s) == len(tokens) == args.steps):
         raise RuntimeError(f"expected one generation per step: {len(step_s)} steps, {len(gen_s)} generations")
     timed = list(range(1, args.steps)) or [0]  # the first step is a warm-up
-    per_k = [{"total": step_s[i], "generation": gen_s[i], "update": step_s[i] - gen_s[i]} for i in timed]
+
+    def per_1k(step: list[float], gen: list[float]) -> dict[str, float]:
+        parts = [{"total": step[i], "generation": gen[i], "update": step[i] - gen[i]} for i in timed]
+        return {
+            k: statistics.median(1000 * p[k] / tokens[i] for p, i in zip(parts, timed, strict=True))
+            for k in ("total", "generation", "update")
+        }
+
     return {
         "side": "trl",
         "completions": completions,
         "tokens": [tokens[i] for i in timed],
-        "s_per_1k": {
-            k: statistics.median(1000 * p[k] / tokens[i] for p, i in zip(per_k, timed, strict=True))
-            for k in ("total", "generation", "update")
-        },
+        "s_per_1k": per_1k(step_s, gen_s),
+        "cpu_s_per_1k": per_1k(step_cpu, gen_cpu),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
     }
 
@@ -160,12 +170,14 @@ def _srpo(args: argparse.Namespace) -> dict[str, Any]:
     ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    s = r["s_per_1k"]
     return {
         "side": "srpo",
         "completions": r["rows"][0],
         "tokens": r["tokens"],
-        "s_per_1k": {"total": s["total"], "generation": s["rollout"], "update": s["update"]},
+        **{
+            key: {"total": r[key]["total"], "generation": r[key]["rollout"], "update": r[key]["update"]}
+            for key in ("s_per_1k", "cpu_s_per_1k")
+        },
         "peak_rss_gb": r["peak_rss_gb"],
     }
 
@@ -205,27 +217,24 @@ def main() -> None:
     for _ in range(args.repeats):
         runs["srpo"].append(_srpo(args))
         runs["trl"].append(_trl(args))
-    med = {
-        side: {
-            **{k: statistics.median(r["s_per_1k"][k] for r in rs) for k in ("total", "generation", "update")},
-            "rss": max(r["peak_rss_gb"] for r in rs),
-            "completions": rs[0]["completions"],
-        }
-        for side, rs in runs.items()
-    }
-    s, t = med["srpo"], med["trl"]
     print(
-        f"srpo: {s['completions']} completions/iteration; TRL: {t['completions']} completions/step; new={args.new}"
+        f"srpo: {runs['srpo'][0]['completions']} completions/iteration; "
+        f"TRL: {runs['trl'][0]['completions']} completions/step; new={args.new}"
     )
-    print("| per 1k generated tokens | srpo | TRL | srpo/TRL |")
-    print("|---|---|---|---|")
-    for key, label in (
-        ("total", "full RL iteration"),
-        ("generation", "generation (+ env)"),
-        ("update", "update"),
-    ):
-        print(f"| {label} | {s[key]:.2f} s | {t[key]:.2f} s | {s[key] / t[key]:.2f} |")
-    print(f"| peak RSS | {s['rss']:.1f} GB | {t['rss']:.1f} GB | {s['rss'] / t['rss']:.1f} |")
+    print(table(runs))
+
+
+def table(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """The markdown side-by-side: wall and CPU seconds per 1k generated tokens (medians), peak RSS."""
+    lines = ["| per 1k generated tokens | srpo | TRL | srpo/TRL |", "|---|---|---|---|"]
+    parts = (("total", "full RL iteration"), ("generation", "generation (+ env)"), ("update", "update"))
+    for key, unit in (("s_per_1k", "wall"), ("cpu_s_per_1k", "CPU")):
+        for part, label in parts:
+            s, t = (statistics.median(r[key][part] for r in runs[side]) for side in ("srpo", "trl"))
+            lines.append(f"| {label} ({unit}) | {s:.2f} s | {t:.2f} s | {s / t:.2f} |")
+    s, t = (max(r["peak_rss_gb"] for r in runs[side]) for side in ("srpo", "trl"))
+    lines.append(f"| peak RSS | {s:.1f} GB | {t:.1f} GB | {s / t:.1f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from agents.rows import Row
-from learners.advantages import event_advantages_from_rows, grpo_output_advantages
-from learners.batching import Batch, MiniBatch, event_minibatches, gather_response_logprobs
+from learners.advantages import AdvantageConfig, event_advantages_from_rows, get_adv_estimator
+from learners.batching import Batch, MiniBatch, build_event_table, event_minibatches, gather_response_logprobs
 from learners.losses import grpo_loss, srpo_loss
 
 PAD_ID = 0
@@ -176,7 +176,7 @@ def main() -> None:
 
     event_ids, event_adv = event_advantages_from_rows(rows)
     event_map = dict(zip(event_ids, event_adv.tolist(), strict=True))
-    row_adv = grpo_output_advantages(rows).tolist()
+    row_adv = get_adv_estimator("grpo")(build_event_table(rows), AdvantageConfig(), None).advantages.tolist()
     row_map = {(r.event_id, r.member_index): a for r, a in zip(rows, row_adv, strict=True)}
     srpo_adv = [mb.event_values(event_map).to(device) for mb in minibatches]
     grpo_adv = [

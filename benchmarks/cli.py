@@ -92,6 +92,14 @@ def eval_cmd(
         list[str] | None, typer.Option("--env-kwarg", help="Extra env kwarg KEY=VALUE (repeatable).")
     ] = None,
     device: Annotated[str | None, typer.Option(help="torch device (default: cpu).")] = None,
+    backend: Annotated[str, typer.Option(help="Generation backend: hf (transformers) or vllm.")] = "hf",
+    workers: Annotated[
+        int, typer.Option(min=0, help="Ray rollout workers, each with its own model copy (0: this process).")
+    ] = 0,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="Join this Ray cluster for --workers (default: $RAY_ADDRESS, else a local Ray)."),
+    ] = None,
     cache_dir: Annotated[
         Path | None, typer.Option(help="Resumable sample cache (default: OUT/cache).")
     ] = None,
@@ -126,7 +134,7 @@ def eval_cmd(
         model_dir = resolve_model(model)
     except ModelNotAvailable as exc:
         raise typer.BadParameter(str(exc), param_hint="--model") from None
-    k = k if k is not None else the_suite.default_k
+    k = k if k is not None else (the_suite.default_k or 4)
     seed_list = _seeds(seeds) if seeds is not None else [seed]
     if not seed_list or len(set(seed_list)) != len(seed_list):
         raise typer.BadParameter(f"--seeds must be distinct integers, got {seeds!r}", param_hint="--seeds")
@@ -154,10 +162,33 @@ def eval_cmd(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 
-    from agents.hf import HFPolicy  # lazy: torch/transformers load only when a model is evaluated
-
+    if backend not in ("hf", "vllm"):
+        raise typer.BadParameter(f"--backend must be hf or vllm, got {backend!r}", param_hint="--backend")
     weights = weights_sha256(model_dir)
-    policy = HFPolicy(str(model_dir), device=device)
+    collector_factory = None
+    if workers > 0:  # the model lives in the Ray workers only; the driver keeps a stand-in for identities
+        from agents.ray_rollout import HFPolicyFactory, RemotePolicy, RolloutWorkerPool, VLLMPolicyFactory
+
+        factory = (
+            VLLMPolicyFactory(str(model_dir))
+            if backend == "vllm"
+            else HFPolicyFactory(str(model_dir), (), device=device)
+        )
+        pool = RolloutWorkerPool(
+            factory, workers, ray_address=ray_address, num_gpus=1 if backend == "vllm" else 0
+        )
+        policy = RemotePolicy(str(model_dir), eval_cache_key=weights)
+
+        def collector_factory(env_fn, _policies, sampling):  # noqa: ANN001, ANN202 - evaluate's protocol
+            return pool.collector(env_fn, sampling)
+    elif backend == "vllm":
+        from agents.vllm import VLLMPolicy
+
+        policy = VLLMPolicy(str(model_dir))
+    else:
+        from agents.hf import HFPolicy  # lazy: torch/transformers load only when a model is evaluated
+
+        policy = HFPolicy(str(model_dir), device=device)
     name = method or algorithm or (model_dir.resolve().name if local else model)
     results = []
     for run_seed in seed_list:
@@ -176,8 +207,10 @@ def eval_cmd(
             chunk_size=chunk_size,
             datasets=datasets,
             cache_key=weights or str(model_dir.resolve()),
+            collector_factory=collector_factory,
         )
         result.run_info["model"] = {"path": str(model_dir.resolve()), "weights_sha256": weights, "device": device}
+        result.run_info["rollout"] = {"backend": backend, "workers": workers}
         result.run_info["method"] = name
         print_table(result)
         if workflow == "routed":
@@ -232,7 +265,7 @@ def _print_comparison(result: Any, title: str) -> None:
 
 
 def _run_compare(
-    model: Path,
+    model: Path | str,
     out: Path,
     variants: dict[str, dict[str, Any]],
     seeds: list[int],
@@ -243,8 +276,13 @@ def _run_compare(
     title: str,
 ) -> Any:
     from benchmarks.compare import CompareConfig, run_comparison
+    from benchmarks.model_source import ModelNotAvailable, resolve_model
 
     env = _training_env(suite)
+    try:
+        model = resolve_model(model)
+    except ModelNotAvailable as exc:
+        raise typer.BadParameter(str(exc), param_hint="--model") from None
     cfg = CompareConfig(
         model=str(model),
         out_dir=str(out),
@@ -275,22 +313,37 @@ def _train_overrides(iterations: int, tasks_per_iter: int, group_size: int, lr: 
     }
 
 
+def _eval_k(suite: str, k: int | None) -> int:
+    """``--k`` as given, else the suite's paper default (16 for math) or the quick default (2)."""
+    from benchmarks.suites import get_suite
+
+    if k is not None:
+        return k
+    try:
+        suite_k = get_suite(suite).default_k
+    except KeyError as exc:
+        raise typer.BadParameter(str(exc.args[0]), param_hint="--suite") from None
+    return suite_k or int(COMPARE_DEFAULTS["eval_k"])
+
+
 def _seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",") if s.strip()]
 
 
 @app.command("compare")
 def compare_cmd(
-    model: Path = typer.Option(..., help="warm-started model directory"),
+    model: str = typer.Option(..., help="warm-started model directory or hub id (owner/name)"),
     out: Path = typer.Option(Path("runs/compare"), help="output directory"),
     algos: str = typer.Option("srpo,grpo,mappo", help="comma-separated algorithms"),
     seeds: str = typer.Option(COMPARE_DEFAULTS["seeds"], help="comma-separated seeds"),
-    suite: str = "quick-math",
+    suite: str = typer.Option("quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"),
     iterations: int = COMPARE_DEFAULTS["iterations"],
     tasks_per_iter: int = QUICK_TRAIN["tasks_per_iter"],
     group_size: int = QUICK_TRAIN["group_size"],
-    eval_k: int = COMPARE_DEFAULTS["eval_k"],
-    eval_limit: int = COMPARE_DEFAULTS["eval_limit"],
+    eval_k: int | None = typer.Option(
+        None, "--eval-k", "--k", min=1, help="eval samples per problem (default: 16 for math suites, else 2)"
+    ),
+    eval_limit: int = typer.Option(COMPARE_DEFAULTS["eval_limit"], "--eval-limit", "--limit", min=1),
     lr: float = QUICK_TRAIN["lr"],
     rows_per_batch: int = typer.Option(
         QUICK_TRAIN["rows_per_batch"],
@@ -312,7 +365,7 @@ def compare_cmd(
         _seeds(seeds),
         suite,
         train,
-        eval_k,
+        _eval_k(suite, eval_k),
         eval_limit,
         f"{suite}: algorithms",
     )
@@ -320,12 +373,15 @@ def compare_cmd(
 
 @app.command("ablation")
 def ablation_cmd(
-    model: Path = typer.Option(..., help="warm-started model directory"),
+    model: str = typer.Option(..., help="warm-started model directory or hub id (owner/name)"),
     out: Path = typer.Option(Path("runs/ablation"), help="output directory"),
     seeds: str = COMPARE_DEFAULTS["ablation_seeds"],
+    suite: str = typer.Option("quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"),
     iterations: int = COMPARE_DEFAULTS["iterations"],
-    eval_k: int = COMPARE_DEFAULTS["eval_k"],
-    eval_limit: int = COMPARE_DEFAULTS["eval_limit"],
+    eval_k: int | None = typer.Option(
+        None, "--eval-k", "--k", min=1, help="eval samples per problem (default: 16 for math suites, else 2)"
+    ),
+    eval_limit: int = typer.Option(COMPARE_DEFAULTS["eval_limit"], "--eval-limit", "--limit", min=1),
     lr: float = QUICK_TRAIN["lr"],
 ) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1."""
@@ -337,12 +393,38 @@ def ablation_cmd(
         out,
         dict(ABLATIONS),
         _seeds(seeds),
-        "quick-math",
+        suite,
         train,
-        eval_k,
+        _eval_k(suite, eval_k),
         eval_limit,
         "SRPO normalisation ablation",
     )
+
+
+@app.command("report")
+def report_cmd(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="Run directories (bench eval --seeds / compare / ablation outputs).")
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="Where paper.md/.csv/.png go (default: the first RUN_DIR).")
+    ] = None,
+    absolute: Annotated[
+        bool, typer.Option("--absolute", help="Print rates as fractions instead of percent.")
+    ] = False,
+) -> None:
+    """Print the paper's table layout (methods x benchmarks + Avg., ± over seeds, bootstrap CIs)
+    from the per-sample records saved under RUN_DIRS; write it as markdown, CSV and a bar plot."""
+    from benchmarks.paper import load_runs, paper_tables, write_paper
+
+    try:
+        runs = load_runs(run_dirs)
+        pt = paper_tables(runs, percent=not absolute)
+    except (FileNotFoundError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="RUN_DIRS") from None
+    typer.echo(pt.markdown())
+    for kind, path in write_paper(pt, out or run_dirs[0], runs).items():
+        typer.echo(f"wrote {kind}: {path}")
 
 
 @app.command("quick")
@@ -406,7 +488,7 @@ def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     import pandas as pd
 
     from benchmarks.compare import write_records
-    from benchmarks.report import plot_learning_curves, to_markdown
+    from benchmarks.report import plot_suite_panels, to_markdown
     from srpo_common import atomic_write_text
 
     records = [r for res in results.values() for r in res.records]
@@ -414,19 +496,21 @@ def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     paths = write_records(out, records, sample_dirs=[out / name for name in results])
     md = "".join(f"## {name}\n\n{to_markdown(res.table)}\n\n" for name, res in results.items())
     paths["comparison_md"] = atomic_write_text(out / "comparison.md", md)
-    curves = [res.curves.assign(variant=f"{name}/" + res.curves["variant"]) for name, res in results.items()]
-    curves = [c for c in curves if not c.empty]
-    if curves:
-        paths["curves"] = plot_learning_curves(
-            pd.concat(curves, ignore_index=True),
+    curves = [res.curves.assign(suite=name) for name, res in results.items() if not res.curves.empty]
+    heldout = [res.runs.assign(suite=name) for name, res in results.items() if not res.runs.empty]
+    if curves or heldout:  # one row per suite: training curve beside held-out before -> after
+        paths["curves"] = plot_suite_panels(
+            pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(columns=_CURVE_COLUMNS),
+            pd.concat(heldout, ignore_index=True) if heldout else pd.DataFrame(columns=_HELDOUT_COLUMNS),
             out / "curves.png",
-            metric="train_accuracy",
-            x="iteration",
-            hue="variant",
-            title="Training-rollout accuracy per suite/algorithm (mean ± std over seeds)",
-            ylabel="team accuracy on training rollouts",
+            title="bench quick: training-rollout accuracy and held-out accuracy before -> after RL "
+            "(mean ± std over seeds)",
         )
     return paths
+
+
+_CURVE_COLUMNS = ["suite", "variant", "seed", "iteration", "train_accuracy"]
+_HELDOUT_COLUMNS = ["suite", "variant", "seed", "before", "after"]
 
 
 def _build_model(out: Path, recipe: str = "math") -> Path:

@@ -459,6 +459,7 @@ def evaluate(
     chunk_size: int = 16,
     datasets: Sequence[str] | None = None,
     cache_key: str | None = None,
+    collector_factory: Any = None,
 ) -> EvalResult:
     """Evaluate a team on a suite with ``k`` samples (episodes) per problem.
 
@@ -478,6 +479,9 @@ def evaluate(
         chunk_size: problems per collect call (and per cache file).
         datasets: evaluate only these datasets of the suite.
         cache_key: extra identity for the cache key (e.g. a weights sha256).
+        collector_factory: ``(env_fn, policies, sampling) -> collector`` (default
+            :class:`agents.rollout.RolloutCollector`); e.g. :meth:`agents.ray_rollout.RolloutWorkerPool.collector`
+            fans the chunks out to Ray workers. Samples do not depend on it (per-request seeds).
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
@@ -575,7 +579,8 @@ def evaluate(
                 else:
                     if collector is None:
                         env_fn = ds.env_factory(workflow, tasks, env_kwargs)
-                        collector = RolloutCollector(env_fn, policy_map, sampling)
+                        make = collector_factory or RolloutCollector
+                        collector = make(env_fn, policy_map, sampling)
                     batch = collector.collect(indices, group_size=k, seed=ds_seed)
                     chunk = sample_records(ds.name, batch, plan, tasks)
                     if path is not None:
@@ -638,6 +643,9 @@ def _merge_corpora(corpora: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _close_envs(collector: Any) -> None:
     """Close the collector's envs once (search envs share one retriever, closed by the first)."""
+    if callable(getattr(collector, "close", None)):  # a remote collector closes its workers' envs
+        collector.close()
+        return
     closed: set[int] = set()
     for env in getattr(collector, "_envs", []):
         retriever = getattr(env, "retriever", None)

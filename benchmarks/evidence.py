@@ -72,6 +72,8 @@ def eval_header(result: EvalResult) -> dict[str, Any]:
         "sampling": cfg["sampling"],
         "env_kwargs": cfg["env_kwargs"],
         "chunk_size": cfg["chunk_size"],
+        # how samples were generated (``bench eval --backend/--workers``): in-process HF unless noted
+        "rollout": result.run_info.get("rollout") or {"backend": "hf", "workers": 0},
     }
 
 
@@ -153,6 +155,8 @@ class SuiteGrader:
 
     def __init__(self) -> None:
         self._tasks: dict[tuple[str, str], list[Any]] = {}
+        # k samples x seeds often repeat an answer: grade each distinct one once (math-verify is slow)
+        self._graded: dict[tuple[str, str, int, str | None], tuple[bool, float]] = {}
 
     def _dataset(self, suite: str, dataset: str) -> SuiteDataset:
         for ds in SUITES[suite].datasets:
@@ -193,6 +197,12 @@ class SuiteGrader:
 
     def grade(self, suite: str, dataset: str, task_index: int, answer: str | None) -> tuple[bool, float]:
         """Graded exactly as the env grades its final answer (math: ``grade``; search: exact match)."""
+        key = (suite, dataset, task_index, answer)
+        if key not in self._graded:
+            self._graded[key] = self._grade(suite, dataset, task_index, answer)
+        return self._graded[key]
+
+    def _grade(self, suite: str, dataset: str, task_index: int, answer: str | None) -> tuple[bool, float]:
         task = self._problems(suite, dataset)[task_index]
         if self._dataset(suite, dataset).family == "math":
             from srpo_envs.grading import grade
@@ -258,6 +268,13 @@ def reproduce(
     have = weights_sha256(model_dir)
     if have != want:
         raise ReproduceError(f"{model_dir}: weights sha256 {have} is not the record's {want}")
+    rollout = header.get("rollout") or {"backend": "hf", "workers": 0}
+    if rollout.get("backend", "hf") != "hf":
+        raise ReproduceError(
+            f"samples were generated with backend {rollout['backend']!r}; reproduce re-runs HF"
+        )
+    if rollout.get("workers"):
+        say("note: samples came from Ray workers; their batches may differ from a chunk re-run in-process")
     for key, value in header["env_kwargs"].items():
         if isinstance(value, str) and value.startswith("<") and value.endswith(">"):
             raise ReproduceError(

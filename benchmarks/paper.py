@@ -101,7 +101,9 @@ def load_runs(paths: Sequence[str | Path]) -> list[EvalRun]:
                 suite=str(summary["suite"]),
                 workflow=str(summary["workflow"]),
                 k=int(summary["k"]),
-                datasets=list(summary["datasets"]),
+                # suite order (the summary's dataset map is saved with sorted keys)
+                datasets=[d["name"] for d in info.get("config", {}).get("datasets", [])]
+                or list(summary["datasets"]),
                 samples=pd.read_parquet(samples_path),
                 path=path,
             )
@@ -125,17 +127,20 @@ class PaperTables:
     datasets: list[str]
     methods: list[str]
     notes: list[str] = field(default_factory=list)
+    k_hist: pd.DataFrame | None = None  # method x K counts, when K varies
 
     def markdown(self) -> str:
         parts = [f"# {self.suite}: {len(self.methods)} method(s), k={self.k}\n"]
         for label, table in self.tables.items():
             parts.append(f"## {label}\n\n{to_markdown(table)}\n")
         parts.append(f"## Cost\n\n{to_markdown(self.cost)}\n")
+        if self.k_hist is not None:
+            parts.append(f"## Team size K per attempt (counts, all seeds)\n\n{to_markdown(self.k_hist)}\n")
         parts.append(
             "Cells: mean ± std over seeds [95% bootstrap CI over problems of the seed-averaged score]; "
             f"{MACRO} = macro average over benchmarks (each weighs the same).\n"
         )
-        parts += [f"- {n}\n" for n in self.notes]
+        parts.append("".join(f"- {n}\n" for n in self.notes))
         return "\n".join(parts)
 
 
@@ -222,7 +227,14 @@ def paper_tables(
     notes = [f"seeds per method: {', '.join(f'{m}={n}' for m, n in n_seeds.items())}"]
     if any(n < 2 for n in n_seeds.values()):
         notes.append("a method with one seed has std 0 by definition: the ± needs >= 2 seeds")
-    return PaperTables(suite, k, pd.DataFrame(long_rows), tables, cost, datasets, methods, notes)
+    hist = k_histograms(runs)
+    k_hist = None
+    if any(len(np.unique(v)) > 1 for v in hist.values()):
+        values = sorted({int(x) for v in hist.values() for x in v})
+        k_hist = pd.DataFrame(
+            [{"method": m, **{f"K={x}": int((v == x).sum()) for x in values}} for m, v in hist.items()]
+        )
+    return PaperTables(suite, k, pd.DataFrame(long_rows), tables, cost, datasets, methods, notes, k_hist)
 
 
 def _long(method: str, metric: str, dataset: str, s: pd.Series, lo: float, hi: float) -> dict[str, Any]:
@@ -309,6 +321,7 @@ def plot_paper(pt: PaperTables, path: str | Path, *, dpi: int = 120) -> Path:
         )
     ax.set_xticks(x)
     ax.set_xticklabels(cols, rotation=30, ha="right")
+    ax.set_ylim(bottom=0)
     ax.set_ylabel(f"{label} (%)")
     ax.set_title(f"{pt.suite}: {label} per benchmark (95% bootstrap CI)")
     ax.legend(fontsize=8)

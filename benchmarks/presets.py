@@ -112,9 +112,7 @@ QUICK_SETTINGS: dict[str, dict[str, Any]] = {
 
 #: Comparison variants: name -> ``TrainConfig`` overrides.
 ALGORITHMS: dict[str, dict[str, Any]] = {
-    "srpo": {"algo": "srpo"},
-    "grpo": {"algo": "grpo"},
-    "mappo": {"algo": "mappo"},
+    name: {"algo": name} for name in ("srpo", "grpo", "dr-grpo", "gspo", "dr-mas", "at-grpo", "rloo", "mappo")
 }
 #: The SRPO set-normalisation ablation (``srpo bench ablation``): sqrt (default), sum, mean and K=1.
 ABLATIONS: dict[str, dict[str, Any]] = {

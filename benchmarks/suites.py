@@ -284,14 +284,14 @@ class Suite:
     """A named list of datasets evaluated together; the macro average weighs each dataset equally.
 
     ``default_k`` is the samples per problem a command uses when none is given: 16 for the paper's
-    math suites (Avg@16 / Pass@16, as the paper reports them), 4 elsewhere.
+    math suites (Avg@16 / Pass@16, as the paper reports them); ``None`` leaves it to the command.
     """
 
     name: str
     datasets: tuple[SuiteDataset, ...]
     description: str = ""
     default_workflow: str = "proposers-aggregator"
-    default_k: int = 4
+    default_k: int | None = None
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.datasets]

@@ -62,6 +62,10 @@ def choose_metric(records: Sequence[LeaderboardRecord]) -> str:
 
 
 def _macro_std(rec: LeaderboardRecord, metric: str) -> float:
+    """The ± a rank uses: only from records with evidence, where ``validate`` recomputed it from the
+    samples (a record without evidence could claim a huge spread to share the top rank)."""
+    if rec.evidence is None:
+        return 0.0
     return (rec.macro_std or {}).get(metric, 0.0)
 
 

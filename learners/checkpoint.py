@@ -73,11 +73,12 @@ MANIFEST_FILE = "manifest.json"
 #: The pickle file earlier versions wrote; never loaded (unpickling runs code), only named in errors.
 LEGACY_PICKLE = "checkpoint.pt"
 
-_TAGS = ("$tensor", "$tuple", "$items", "$float", "$ndarray")
-
-
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt; the message is one line naming the file."""
+
+
+class CheckpointConfigError(CheckpointError, ValueError):
+    """The checkpoint was written by a run with different options (resuming it would not be exact)."""
 
 
 # ---------------------------------------------------------------------------------------------- encoding

@@ -1,79 +1,52 @@
-"""``srpo train``: rollout -> update iterations for SRPO, GRPO or MAPPO."""
+"""``srpo train``: rollout -> update iterations with any registered algorithm.
+
+The options are generated from :class:`learners.trainer.TrainConfig` (CleanRL style: the config
+dataclass *is* the command line; each field's docstring is its ``--help`` text), so a new config
+field is a new option with no edit here. ``--algo`` accepts every name in
+:data:`learners.algorithms.ALGORITHMS`, including ones registered by user code before the command
+runs.
+"""
 
 from __future__ import annotations
 
-import json
+import dataclasses
+from typing import Annotated
 
 import typer
 
+from learners.algorithms import ALGORITHMS
 from learners.checkpoint import CheckpointError
-from learners.trainer import ALGORITHMS, SHARING, SRPO_NORMS, TrainConfig, train
+from learners.trainer import TrainConfig, train
+from srpo_common.cli import dataclass_command
+
+_ALGO_HELP = "algorithm, one of: " + ", ".join(
+    f"{name} ({spec.description})" if spec.description else name for name, spec in ALGORITHMS.items()
+)
 
 
+@dataclass_command(
+    TrainConfig,
+    names={
+        "env_id": "--env",
+        "out_dir": "--out",
+        "env_kwargs": "--env-kwarg",
+        "eval_env_kwargs": "--eval-env-kwarg",
+    },
+    helps={"algo": _ALGO_HELP},
+)
 def train_command(
-    algo: str = typer.Option("srpo", help=f"one of {', '.join(ALGORITHMS)}"),
-    env: str = typer.Option("ProcArith-v0", "--env", help="registered env id"),
-    model: str = typer.Option(..., help="model directory or hub id (e.g. from `srpo model sft`)"),
-    out: str = typer.Option("runs/train", help="run directory: metrics.jsonl, checkpoint/, final/"),
-    workflow: str = typer.Option("proposers-aggregator", help="env workflow"),
-    env_kwarg: list[str] = typer.Option([], help="extra env kwargs KEY=JSON (repeatable)"),
-    sharing: str = typer.Option("shared", help=f"parameter sharing: {', '.join(SHARING)}"),
-    iterations: int = 30,
-    tasks_per_iter: int = 8,
-    group_size: int = 4,
-    epochs: int = 2,
-    rows_per_batch: int = 64,
-    lr: float = 3e-4,
-    clip_eps: float = 0.2,
-    norm: str = typer.Option("sqrt", help=f"SRPO set normalisation: {', '.join(SRPO_NORMS)}"),
-    agg: str = typer.Option("token-mean", help="GRPO/MAPPO loss aggregation"),
-    kl_coef: float = 0.0,
-    entropy_coef: float = 0.0,
-    temperature: float = 1.0,
-    max_new_tokens: int = 48,
-    eval_every: int = 10,
-    eval_problems: int = 64,
-    save_every: int = 5,
-    seed: int = 0,
-    tensorboard: bool = False,
-    resume: bool = typer.Option(
-        False, "--resume", help="continue from OUT/checkpoint/ (an error if there is none)"
-    ),
+    cfg: TrainConfig,
+    workflow: Annotated[
+        str | None,
+        typer.Option(help="env workflow (default: the env's own, e.g. routed for MathVerify-Routed-v0)"),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue from OUT/checkpoint/ (an error if there is none)")
+    ] = False,
 ) -> None:
-    """Train a team of LLM agents on an env with SRPO, GRPO or MAPPO."""
-    env_kwargs: dict = {"workflow": workflow}
-    for item in env_kwarg:
-        key, _, value = item.partition("=")
-        try:
-            env_kwargs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            env_kwargs[key] = value
-    cfg = TrainConfig(
-        algo=algo,
-        model=model,
-        out_dir=out,
-        env_id=env,
-        env_kwargs=env_kwargs,
-        sharing=sharing,
-        iterations=iterations,
-        tasks_per_iter=tasks_per_iter,
-        group_size=group_size,
-        epochs=epochs,
-        rows_per_batch=rows_per_batch,
-        lr=lr,
-        clip_eps=clip_eps,
-        norm=norm,
-        agg=agg,
-        kl_coef=kl_coef,
-        entropy_coef=entropy_coef,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        eval_every=eval_every,
-        eval_problems=eval_problems,
-        save_every=save_every,
-        seed=seed,
-        tensorboard=tensorboard,
-    )
+    """Train a team of LLM agents on an env (SRPO, GRPO, Dr.GRPO, GSPO, Dr. MAS, AT-GRPO, RLOO, MAPPO)."""
+    if workflow is not None:
+        cfg = dataclasses.replace(cfg, env_kwargs={**cfg.env_kwargs, "workflow": workflow})
     try:
         history = train(cfg, resume=resume, log=typer.echo)
     except CheckpointError as exc:  # missing or corrupt checkpoint: one line, not a traceback

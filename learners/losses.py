@@ -1,9 +1,18 @@
-"""Pure tensor math of the policy / value losses (SRPO, GRPO, PPO/MAPPO).
+"""Pure tensor math of the policy / value losses (SRPO, GRPO, GSPO, PPO/MAPPO), registered by name.
 
 Modelled on verl's ``trainer/ppo/core_algos.py``: every function here is a pure function of tensors,
 with no model, optimiser or data-loading code, so that trainers only *wire* them and the maths can be
-tested (and grad-checked) in isolation. Small registries (:data:`EVENT_NORMS`, :data:`AGG_MODES`,
-:data:`POLICY_LOSSES`) let a config pick a variant by name.
+tested (and grad-checked) in isolation. Registries let a config pick a variant by name, and the
+trainer reads nothing else: :data:`POLICY_LOSSES` (one signature for every algorithm,
+:data:`PolicyLossFn`: tensors plus the per-row advantages and ``event_index``, and a
+:class:`LossConfig`), :data:`EVENT_NORMS` (SRPO's ``c(K)``, including the ``k1`` ablation) and
+:data:`AGG_MODES` (token aggregation). A new loss is one :func:`register_policy_loss`; an unknown
+name raises with the known ones.
+
+**Exact normalisers for gradient accumulation.** Every registered loss declares the unit its mean
+is over (events, members, rows or tokens, :data:`DENOMINATOR_UNITS`). The trainer counts that unit
+over the whole minibatch (:func:`loss_denominator`) and passes it as ``LossConfig.denominator`` to
+each micro-batch's call, so the micro-batch losses (and gradients) sum exactly to the minibatch's.
 
 Conventions shared by every function:
 

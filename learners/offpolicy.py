@@ -27,7 +27,7 @@ from torch import Tensor
 
 from agents.rows import Row
 
-__all__ = ["TIS_LEVELS", "mismatch_metrics", "refuse_stale_events", "tis_weights"]
+__all__ = ["TIS_LEVELS", "mismatch_metrics", "refuse_stale_events", "tis_row_weights", "tis_weights"]
 
 TIS_LEVELS = ("token", "sequence", "event")
 
@@ -98,20 +98,46 @@ def tis_weights(
         )
     log_ratio = _masked_log_ratio(train_logprobs, rollout_logprobs, mask)
     on = (mask != 0).to(log_ratio.dtype)
-    log_cap = torch.log(torch.tensor(cap, dtype=log_ratio.dtype))
     if level == "token":
-        per_token = log_ratio
-    else:
-        per_row = log_ratio.sum(-1)
-        if level == "event":
-            if event_index is None or tuple(event_index.shape) != (log_ratio.shape[0],):
-                raise ValueError("level='event' needs event_index of shape [R]")
-            n_events = int(event_index.max()) + 1 if event_index.numel() else 0
-            per_event = torch.zeros(n_events, dtype=per_row.dtype).index_add_(0, event_index, per_row)
-            per_row = per_event[event_index]
-        per_token = per_row[:, None].expand_as(log_ratio)
-    # clamp in log space: a product of many ratios must not overflow before the cap applies
-    return torch.exp(torch.minimum(per_token, log_cap)) * on
+        log_cap = torch.log(torch.tensor(cap, dtype=log_ratio.dtype))
+        # clamp in log space: exp of a huge ratio must not overflow before the cap applies
+        return torch.exp(torch.minimum(log_ratio, log_cap)) * on
+    per_row = tis_row_weights(
+        train_logprobs, rollout_logprobs, mask, level=level, cap=cap, event_index=event_index
+    )
+    return per_row[:, None] * on
+
+
+def tis_row_weights(
+    train_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    level: str = "sequence",
+    cap: float = 2.0,
+    event_index: Tensor | None = None,
+) -> Tensor:
+    """``[R]`` one truncated weight per row: ``sequence`` (the row's own product of token ratios) or
+    ``event`` (the product over every member of the row's event, shared by its rows).
+
+    Why per row: a constant positive weight ``w`` on a clipped surrogate equals the surrogate with
+    the advantage scaled by ``w`` (``min(rho A, clip(rho) A) w = min(rho wA, clip(rho) wA)``), so a
+    trainer applies these weights to the advantages and every registered loss stays untouched.
+    """
+    if level not in ("sequence", "event"):
+        raise ValueError(f"per-row weights need level 'sequence' or 'event', got {level!r}")
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    log_ratio = _masked_log_ratio(train_logprobs, rollout_logprobs, mask)
+    per_row = log_ratio.sum(-1)
+    if level == "event":
+        if event_index is None or tuple(event_index.shape) != (log_ratio.shape[0],):
+            raise ValueError("level='event' needs event_index of shape [R]")
+        n_events = int(event_index.max()) + 1 if event_index.numel() else 0
+        per_event = torch.zeros(n_events, dtype=per_row.dtype).index_add_(0, event_index, per_row)
+        per_row = per_event[event_index]
+    log_cap = torch.log(torch.tensor(cap, dtype=per_row.dtype))
+    return torch.exp(torch.minimum(per_row, log_cap))
 
 
 def mismatch_metrics(train_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> dict[str, float]:

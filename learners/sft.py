@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -94,7 +95,17 @@ class SFTConfig:
     search_episodes: int = 3000
     """search: episodes of teacher play per pass (train questions, cycled)."""
     kb_seed: int = 0
-    """search: seed of the invented knowledge base."""
+    """search: seed of the invented knowledge base (the world played when kb_worlds is 0)."""
+    kb_worlds: int = 0
+    """search: 0 plays every episode in the world kb_seed, so the model can memorise its facts; N > 0
+    plays each episode in one of N invented training worlds (kb_seed SFT_WORLD_SEED_BASE + 0..N-1, drawn
+    per episode, never a world the evaluation uses), so answering takes reading what was retrieved."""
+    premature_answer: float = 0.0
+    """search: probability that, on a two-hop question, the teacher aggregator answers with the bridge
+    entity it would have searched for next (kept although wrong): a habit RL removes, since such an
+    answer scores 0 and asking for the second hop can score 1."""
+    eval_kb_seeds: tuple[int, ...] = ()
+    """search: worlds of the held-out evaluation (default: kb_seed); unseen worlds when kb_worlds > 0."""
 
     def __post_init__(self) -> None:
         from srpo_envs.tasks.math_data import PROCEDURAL_FAMILIES
@@ -105,6 +116,11 @@ class SFTConfig:
             raise ValueError(f"dataset must be one of {PROCEDURAL_FAMILIES}, got {self.dataset!r}")
         if self.save_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"save_dtype must be float32 or bfloat16, got {self.save_dtype!r}")
+        if self.kb_worlds < 0 or not 0.0 <= self.premature_answer <= 1.0:
+            raise ValueError("kb_worlds must be >= 0 and premature_answer in [0, 1]")
+        trained = _training_worlds(self)
+        if self.kb_worlds and set(trained) & set(self.eval_kb_seeds):
+            raise ValueError(f"eval_kb_seeds {self.eval_kb_seeds} overlap the training worlds {trained}")
 
 
 def _end_id(tokenizer: Any) -> int:
@@ -163,12 +179,35 @@ def _example(
     return encode_request(tokenizer, request), target, role
 
 
+def _training_worlds(cfg: SFTConfig) -> list[int]:
+    """kb_seed of every world the search teacher plays in."""
+    from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE
+
+    if cfg.kb_worlds == 0:
+        return [cfg.kb_seed]
+    return [SFT_WORLD_SEED_BASE + i for i in range(cfg.kb_worlds)]
+
+
+def _premature(env: Any, role: str, text: str) -> str | None:
+    """The habit ``premature_answer`` teaches: on a two-hop question, answer with the bridge entity the
+    aggregator was about to ask for (the first hop's result) instead of asking. None where it does not
+    apply (another role, a one-hop question, an answer, or a request that is not the bridge)."""
+    base = env.unwrapped
+    gold = list(base.gold_titles)
+    request = re.fullmatch(r"<search>(.*)</search>", text.strip(), re.DOTALL)
+    if role != "aggregator" or len(gold) < 2 or request is None or request.group(1).strip() != gold[1]:
+        return None
+    return f"<answer>{gold[1]}</answer>"
+
+
 def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list[int], str]]:
     """Search-domain examples: teacher play on the KB train questions, imitable outputs only.
 
     The teacher's searchers sometimes query a wrong name, so its aggregator also meets states without
     the evidence (and learns to ask for it); only outputs :func:`search_teacher_correct` accepts become
-    examples, so the model never imitates a wrong query or answer.
+    examples, so the model never imitates a wrong query or answer -- except the deliberate
+    ``premature_answer`` habit. With ``kb_worlds`` each episode is played in one of many invented
+    worlds (one env per world, built once: the BM25 index is the expensive part).
     """
     from agents.scripted import search_teacher_correct
     from srpo_envs.search import MultiTurnSearchEnv
@@ -176,17 +215,29 @@ def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int
     prompts = RolePrompts("search")
     end = _end_id(tokenizer)
     rng = random.Random(cfg.seed)
-    env = MultiTurnSearchEnv(dataset="kb", split="train", kb_seed=cfg.kb_seed)
-    team = ScriptedTeam.search_teacher(env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31))
-    order = list(range(len(env.tasks)))
+    worlds = _training_worlds(cfg)
+    envs: dict[int, tuple[Any, ScriptedTeam, list[int]]] = {}
     examples: list[tuple[list[int], list[int], str]] = []
     for i in range(cfg.search_episodes):
-        if i % len(order) == 0:
-            rng.shuffle(order)
-        for obs, infos, actions in team.play(env, rng.randint(0, 2**31), order[i % len(order)]):
+        world = worlds[0] if len(worlds) == 1 else rng.choice(worlds)
+        if world not in envs:
+            env = MultiTurnSearchEnv(dataset="kb", split="train", kb_seed=world)
+            team = ScriptedTeam.search_teacher(env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31))
+            envs[world] = (env, team, list(range(len(env.tasks))))
+        env, team, order = envs[world]
+        if len(worlds) == 1:  # one world: cycle through its questions in shuffled passes
+            if i % len(order) == 0:
+                rng.shuffle(order)
+            task = order[i % len(order)]
+        else:
+            task = rng.randrange(len(order))
+        for obs, infos, actions in team.play(env, rng.randint(0, 2**31), task):
             for agent, text in actions.items():
                 role = infos[agent]["role"]
-                if search_teacher_correct(env, role, text):
+                habit = _premature(env, role, text) if cfg.premature_answer > 0 else None
+                if habit is not None and rng.random() < cfg.premature_answer:
+                    examples.append(_example(tokenizer, prompts, end, agent, role, obs[agent], habit))
+                elif search_teacher_correct(env, role, text):
                     examples.append(_example(tokenizer, prompts, end, agent, role, obs[agent], text))
     rng.shuffle(examples)
     return examples
@@ -285,24 +336,65 @@ def kb_accuracy(
     kb_seed: int = 0,
 ) -> float:
     """Team exact match on ``n`` KB *test* questions (``MultiTurnSearch-v0``, one sample each)."""
+    return kb_search_stats(policy, n, temperature, max_new_tokens, seed, kb_seed)["em"]
+
+
+def kb_search_stats(
+    policy: HFPolicy,
+    n: int = 64,
+    temperature: float = 1.0,
+    max_new_tokens: int = 48,
+    seed: int = 1234,
+    kb_seed: int = 0,
+) -> dict[str, float]:
+    """How the team searches on ``n`` KB *test* questions of world ``kb_seed`` (one sample each).
+
+    ``em``: exact match; ``tool_calls``: retrieval queries per question; ``premature``: the fraction
+    of two-hop questions answered after a single search round (the bridge entity's passage unread);
+    ``two_hop_em``: exact match on the two-hop questions.
+    """
     from srpo_envs.search import MultiTurnSearchEnv
     from srpo_envs.tasks.knowledge_base import make_knowledge_base
 
     def env_fn() -> MultiTurnSearchEnv:
         return MultiTurnSearchEnv(dataset="kb", split="test", kb_seed=kb_seed)
 
-    n = min(n, len(make_knowledge_base(seed=kb_seed, split="test")[1]))  # each question at most once
-    return _held_out_accuracy(env_fn, policy, n, temperature, max_new_tokens, seed)
+    tasks = make_knowledge_base(seed=kb_seed, split="test")[1]
+    n = min(n, len(tasks))  # each question at most once
+    hops = {t.id: int(t.meta["hops"]) for t in tasks}
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+    collector = RolloutCollector(env_fn, PolicyMap.shared(policy), sampling)
+    episodes = collector.collect(list(range(n)), group_size=1, seed=seed).episodes
+    two = [e for e in episodes if hops.get(e.task_id, 1) == 2]
+    return {
+        "em": sum(e.correct for e in episodes) / max(1, len(episodes)),
+        "tool_calls": sum(e.tool_calls for e in episodes) / max(1, len(episodes)),
+        "premature": sum(e.event_types.count("search") <= 1 for e in two) / max(1, len(two)),
+        "two_hop_em": sum(e.correct for e in two) / max(1, len(two)),
+        "questions": float(len(episodes)),
+    }
 
 
-def warm_start_accuracy(policy: HFPolicy, cfg: SFTConfig) -> dict[str, float]:
-    """Held-out team accuracy of a warm-started policy, per workflow/difficulty (math) or on the KB."""
+def search_eval(policy: HFPolicy, cfg: SFTConfig) -> dict[str, dict[str, float]]:
+    """:func:`kb_search_stats` on every evaluation world of ``cfg`` (``eval_kb_seeds``, else ``kb_seed``)."""
+    return {
+        f"kb{w}": kb_search_stats(
+            policy, cfg.eval_problems, cfg.eval_temperature, cfg.max_new_tokens, kb_seed=w
+        )
+        for w in cfg.eval_kb_seeds or (cfg.kb_seed,)
+    }
+
+
+def warm_start_accuracy(
+    policy: HFPolicy, cfg: SFTConfig, stats: dict[str, dict[str, float]] | None = None
+) -> dict[str, float]:
+    """Held-out team accuracy of a warm-started policy, per workflow/difficulty (math) or per KB world
+    (``stats``: an already computed :func:`search_eval`)."""
     if cfg.domain == "search":
-        return {
-            "parallel/kb": kb_accuracy(
-                policy, cfg.eval_problems, cfg.eval_temperature, cfg.max_new_tokens, kb_seed=cfg.kb_seed
-            )
-        }
+        stats = stats or search_eval(policy, cfg)
+        if not cfg.eval_kb_seeds:
+            return {"parallel/kb": stats[f"kb{cfg.kb_seed}"]["em"]}
+        return {f"parallel/{world}": s["em"] for world, s in stats.items()}
     return {
         f"{wf}/d{d}": procedural_accuracy(
             policy,
@@ -346,7 +438,8 @@ def run_sft(
             f"sft refine: {cfg.refine_steps} steps at lr {cfg.refine_lr} on {len(refine_examples)} new examples"
         )
         losses += train_sft(policy, refine_examples, refine, log=log)
-    accuracy = warm_start_accuracy(policy, cfg)
+    search_stats = search_eval(policy, cfg) if cfg.domain == "search" else None
+    accuracy = warm_start_accuracy(policy, cfg, search_stats)
     out = Path(out_dir)
     save_model = (
         policy.model if cfg.save_dtype == "float32" else policy.model.to(getattr(torch, cfg.save_dtype))
@@ -358,6 +451,7 @@ def run_sft(
         "examples": len(examples),
         "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
         "accuracy": accuracy,
+        **({"search_eval": search_stats} if search_stats is not None else {}),
         "seconds": round(time.time() - start, 1),
         "base_model": str(model_dir),
     }

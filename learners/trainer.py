@@ -34,7 +34,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ import torch
 
 from agents.hf import HFPolicy, adapter_scope, default_lora_config, lora_policy_map
 from agents.policy import PolicyMap, SamplingParams
-from agents.rollout import RolloutBatch, RolloutCollector
+from agents.rollout import RolloutBatch
 from learners import checkpoint as ckpt
 from learners.advantages import ADV_SCALES, AdvantageConfig, AdvantageResult, get_adv_estimator
 from learners.algorithms import ALGORITHMS, Algorithm, get_algorithm  # noqa: F401 (re-exported)
@@ -57,6 +57,7 @@ from learners.batching import (
     micro_batch_bounds,
 )
 from learners.critic import ValueCritic
+from learners.distributed import all_reduce_sum
 from learners.losses import (
     AGG_MODES,
     EVENT_NORMS,
@@ -68,11 +69,15 @@ from learners.losses import (
     masked_sum,
     value_loss,
 )
+from learners.scale import BACKENDS, TIS_MODES, ScaleOut
 
 #: SRPO set normalisations (``k1``: every output its own event, a response-level update).
 SRPO_NORMS = tuple(EVENT_NORMS)
 SHARING = ("shared", "per-role", "lora")
 DTYPES = ("float32", "bfloat16", "float64")
+#: Where a run executes, not what it computes: a checkpoint resumes under other values of these
+#: (and under any world size: checkpoints hold the full state).
+LAYOUT_FIELDS = ("rollout_workers", "ray_address")
 
 
 @dataclass
@@ -164,6 +169,20 @@ class TrainConfig:
     """float32, bfloat16 (autocast with float32 master weights and float32 log-prob math) or float64"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass (less memory, ~30% more compute)"""
+    backend: str = "hf"
+    """rollout generation: hf (the learner's model) or vllm (a colocated vLLM engine, weights pushed after
+    every update, truncated importance sampling against the learner's recompute)"""
+    rollout_workers: int = 0
+    """Ray actors that collect rollouts, each with its envs and a policy copy (0: this process)"""
+    ray_address: str | None = None
+    """Ray cluster to join for rollout workers (None: $RAY_ADDRESS, else a local Ray started on demand)"""
+    max_policy_lag: int = 0
+    """refuse events whose rows are more than this many policy versions behind the learner"""
+    tis: str = "auto"
+    """truncated importance sampling rollout -> training policy: auto (vllm only; per event for SRPO, per
+    sequence otherwise), off, sequence, event"""
+    tis_cap: float = 2.0
+    """truncation C of the importance weights min(pi_train / pi_rollout, C)"""
     eval_every: int = 10
     """held-out evaluation every N iterations (0: never)"""
     eval_problems: int = 64
@@ -191,6 +210,12 @@ class TrainConfig:
         scale = self.resolved("adv_scale")
         if scale is not None and scale not in ADV_SCALES:
             raise ValueError(f"adv_scale must be one of {ADV_SCALES}, got {scale!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.tis not in TIS_MODES:
+            raise ValueError(f"tis must be one of {TIS_MODES}, got {self.tis!r}")
+        if self.tis_cap <= 0 or self.rollout_workers < 0 or self.max_policy_lag < 0:
+            raise ValueError("tis_cap must be > 0, rollout_workers and max_policy_lag >= 0")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -276,6 +301,12 @@ class Trainer:
         self.out = Path(cfg.out_dir)
         self.algorithm: Algorithm = get_algorithm(cfg.algo)
         self.device = resolve_device(cfg.device)
+        #: process layout (torchrun / accelerate ranks), Ray workers and the rollout engine
+        self.scale = ScaleOut(self)
+        self.dist = self.scale.dist
+        self.device = self.scale.rank_device(self.device)
+        if not self.dist.is_main:  # one rank reports (every rank computes the same numbers)
+            self.log, self._quiet = (lambda s: None), True
         #: master-weight dtype: float32 for float32 and bfloat16 (autocast), float64 for exact tests
         self.param_dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
         torch.manual_seed(cfg.seed)
@@ -296,8 +327,7 @@ class Trainer:
         sampling = SamplingParams(
             temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens
         )
-        self.collector = RolloutCollector(train_env, self.policies, sampling)
-        self.eval_collector = RolloutCollector(eval_env, self.policies, sampling)
+        self.collector, self.eval_collector = self.scale.collectors(train_env, eval_env, sampling)
 
         params: dict[int, torch.nn.Parameter] = {}
         for pol in self.policies.policies:
@@ -324,6 +354,8 @@ class Trainer:
             self.critic = ValueCritic.from_pretrained(cfg.model, max_tokens=cfg.critic_max_tokens)
             self.critic.to(device=self.device, dtype=self.param_dtype)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
+        #: the critic's values of the current batch's events (its "old" values for the value clip)
+        self._event_values: torch.Tensor | None = None
         self.iteration = 0
         self._tb: Any = None
 
@@ -454,10 +486,13 @@ class Trainer:
     def _update(self, batch: RolloutBatch, iteration: int) -> dict[str, Any]:
         """Advantages once, then ``epochs`` x minibatches of (micro-batched) loss and one step each."""
         cfg = self.cfg
-        table = build_event_table(batch.rows)
-        adv = self._advantages(table)
         loss_fn = get_policy_loss(cfg.policy_loss or self.algorithm.loss)
         unit = loss_fn.unit(self._loss_config())
+        batch, tis, prep_stats = self.scale.prepare(batch, event_loss=unit == "events")
+        table = build_event_table(batch.rows)
+        adv = self._advantages(table)
+        if tis is not None:  # a constant weight per row == the same weight on its clipped surrogate
+            adv = replace(adv, advantages=adv.advantages * tis.to(adv.advantages.dtype))
         stats: dict[str, list[float]] = {}
         dropped = 0
         for epoch in range(cfg.epochs):
@@ -483,6 +518,7 @@ class Trainer:
                 continue
             out[k if "/" in k else f"actor/{k}"] = float(np.mean(v))
         out.update(adv.stats)
+        out.update(prep_stats)
         ks = table.event_k.double()
         out["rollout/mean_k"] = float(ks.mean())
         out["rollout/max_k"] = float(ks.max())
@@ -501,7 +537,14 @@ class Trainer:
         full = full.to(self.device)
         loss_cfg = self._loss_config(loss_denominator(unit, full.response_mask, full.event_index))
         tokens = loss_denominator("tokens", full.response_mask)
-        bounds = micro_batch_bounds(mb.rows, mb.event_index, cfg.max_tokens_per_microbatch)
+        if self.dist.enabled:  # normalisers above span the whole minibatch; this rank computes its shard
+            mb = self.scale.shard(mb)
+            if mb.num_rows:  # a rank without an event still joins the gradient all-reduce (zeros)
+                full = mb.collate(pad_id, dtype=self.param_dtype, table=table, advantages=adv.advantages)
+                full = full.to(self.device)
+        bounds = (
+            micro_batch_bounds(mb.rows, mb.event_index, cfg.max_tokens_per_microbatch) if mb.num_rows else []
+        )
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         micro: list[dict[str, float]] = []
@@ -522,10 +565,12 @@ class Trainer:
             loss.backward()
             total += float(loss.detach())
             micro.append(st)
+        self.scale.reduce_gradients(self.params)  # sum of the ranks' shard gradients (no-op on one)
+        total = all_reduce_sum(total, self.dist)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
-        out = {k: float(np.mean([m[k] for m in micro if k in m])) for k in micro[0]}
+        out = {k: float(np.mean([m[k] for m in micro if k in m])) for k in (micro[0] if micro else {})}
         if "max_k" in out:
             out["max_k"] = float(max(m["max_k"] for m in micro))
         out.update(loss=total, grad_norm=float(grad_norm))
@@ -549,6 +594,9 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, n: int | None = None, k: int | None = None, seed: int = 10_007) -> float:
         """Held-out team accuracy: ``n`` eval-split tasks x ``k`` samples, fixed sampling seeds."""
+        if not self.dist.is_main:
+            return float("nan")  # rank 0 evaluates and logs; the others go on to the next collective
+        self.scale.sync_weights()
         n = min(n or self.cfg.eval_problems, self.n_eval_tasks)
         batch = self.eval_collector.collect(list(range(n)), group_size=k or self.cfg.eval_k, seed=seed)
         return batch.accuracy
@@ -581,8 +629,11 @@ class Trainer:
             tasks = rng.choice(
                 self.n_train_tasks, size=min(cfg.tasks_per_iter, self.n_train_tasks), replace=False
             )
-            batch = self.collector.collect(
-                sorted(int(t) for t in tasks), cfg.group_size, seed=_iteration_seed(cfg.seed, it, 99)
+            batch = self.scale.collect(
+                self.collector,
+                sorted(int(t) for t in tasks),
+                cfg.group_size,
+                _iteration_seed(cfg.seed, it, 99),
             )
             t1 = time.perf_counter()
             stats = self._update(batch, it)
@@ -613,7 +664,9 @@ class Trainer:
                 bar.set_postfix(acc=f"{batch.accuracy:.2f}", loss=f"{loss:.3f}")
         if bar is not None:
             bar.close()
-        self.export(self.out / "final")
+        if self.dist.is_main:
+            self.export(self.out / "final")
+        self.scale.close()
         return history
 
     # ------------------------------------------------------------------ persistence
@@ -685,9 +738,13 @@ class Trainer:
         """
         state = ckpt.load_checkpoint(path or self.out)
         saved = TrainConfig.from_dict(state["config"])
-        if asdict(saved) != asdict(self.cfg):
-            diff = {k for k in asdict(saved) if asdict(saved)[k] != asdict(self.cfg)[k]}
-            raise ValueError(f"checkpoint was written with a different config (differs in {sorted(diff)})")
+        old, new = ({k: v for k, v in asdict(c).items() if k not in LAYOUT_FIELDS} for c in (saved, self.cfg))
+        if old != new:
+            diff = {k for k in old if old[k] != new[k]}
+            raise ckpt.CheckpointConfigError(
+                f"checkpoint in {path or self.out} was written with a different config (differs in "
+                f"{sorted(diff)}); resume with the same options, or train without --resume"
+            )
         for tensors, pol in zip(state["models"].values(), self._distinct_models(), strict=True):
             pol.model.load_state_dict(tensors)
         for pol, version in zip(self.policies.policies, state["policy_versions"], strict=True):

@@ -169,14 +169,15 @@ class _Worker:
         )
         self._buf = b""
         self.ready = False
+        self._failure: GraderError | None = None
 
     def _read_line(self, deadline: float) -> bytes | None:
         """The next line from the worker; ``None`` once ``deadline`` passes. Raises if it exits."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            left = max(0.0, deadline - time.monotonic())  # 0: one non-blocking poll
+            if not select.select([fd], [], [], left)[0]:
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -196,27 +197,38 @@ class _Worker:
             raise GraderError(f"grader worker error: {reply['error']}")
         return reply
 
+    def _check_ready(self, deadline: float) -> bool:
+        """Read the ready line if it arrives by ``deadline``: True once ready, False if not yet.
+
+        Raises ``GraderError`` if the worker failed to start (and again on every later call).
+        """
+        if self.ready:
+            return True
+        if self._failure is not None:
+            raise self._failure
+        try:
+            line = self._read_line(deadline)
+            if line is None:
+                return False
+            if self._reply(line).get("ready") is not True:
+                raise GraderError(f"grader worker did not start: {line[:300]!r}")
+        except GraderError as exc:
+            self._failure = exc
+            raise
+        self.ready = True
+        return True
+
     def wait_ready(self, timeout_s: float) -> None:
         """Block until the worker has imported math-verify; ``GraderError`` if it fails or takes longer."""
-        if self.ready:
-            return
-        line = self._read_line(time.monotonic() + timeout_s)
-        if line is None:
+        if not self._check_ready(time.monotonic() + timeout_s):
             raise GraderError(f"grader worker not ready after {timeout_s:.0f}s{self._stderr_tail()}")
-        if self._reply(line).get("ready") is not True:
-            raise GraderError(f"grader worker did not start: {line[:300]!r}")
-        self.ready = True
 
     def poll_ready(self) -> bool:
-        """Non-blocking :meth:`wait_ready`: True once ready; failures surface at the next wait."""
-        if not self.ready:
-            assert self.proc.stdout is not None
-            if select.select([self.proc.stdout.fileno()], [], [], 0)[0]:
-                try:
-                    self.wait_ready(0.001)
-                except GraderError:
-                    return True  # finished starting - badly; wait_ready() will say so at once
-        return self.ready
+        """Non-blocking check: True if ready - or if it failed, so that :meth:`wait_ready` says so at once."""
+        try:
+            return self._check_ready(time.monotonic())
+        except GraderError:
+            return True
 
     def ask(self, pred: str, gold: str, timeout_s: float) -> bool | None:
         """The verdict, or ``None`` if the worker overran ``timeout_s`` (then it is dead).

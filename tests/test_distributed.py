@@ -66,3 +66,109 @@ def test_shard_rejects_bad_rank() -> None:
     (mb,) = event_minibatches(_rows([1, 2]), seed=0)
     with pytest.raises(ValueError):
         shard_minibatch(mb, 2, 2)
+
+
+# --------------------------------------------------------------------------------------------------
+# 2 gloo processes vs 1: the same update, and a 2-rank checkpoint resumed by 1 rank
+# --------------------------------------------------------------------------------------------------
+
+#: float64 end to end. The 2-rank gradient is the sum of two shard gradients, the 1-process one a
+#: single sum: they differ by summation-order round-off (~1e-16 relative), which Adam's first step
+#: (lr * g / (|g| + eps)) turns into parameter differences far below this bound.
+PARAM_TOL = 1e-9
+ALGOS = ("srpo", "grpo")
+
+
+def _cfg(model_dir: str, out_dir: str, algo: str) -> dict:
+    return dict(
+        algo=algo, model=model_dir, out_dir=out_dir, epochs=1, rows_per_batch=12, eval_every=0,
+        save_every=0, dtype="float64", device="cpu", max_new_tokens=8, seed=3,
+    )  # fmt: skip
+
+
+def _dp_worker(rank: int, world: int, port: int, model_dir: str, rows_path: str, tmp: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from agents.rollout import RolloutBatch
+    from agents.rows import load_rows
+    from learners.trainer import TrainConfig, Trainer
+
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    batch = RolloutBatch(rows=load_rows(rows_path), episodes=[])
+    try:
+        for algo in ALGOS:
+            trainer = Trainer(TrainConfig(**_cfg(model_dir, f"{tmp}/{algo}", algo)), log=None)
+            assert trainer.dist.world_size == world and trainer.dist.rank == rank
+            trainer._update(batch, 1)
+            trainer.iteration = 1
+            trainer.save_checkpoint()  # rank 0 writes the full state, every rank meets at a barrier
+            if rank == 0:
+                params = {
+                    n: p.detach().clone() for n, p in trainer.policies.policies[0].model.named_parameters()
+                }
+                torch.save(params, f"{tmp}/{algo}-dp-params.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def dp_run(tiny_model_dir, tmp_path_factory):
+    """One 2-process gloo run (both algorithms) on a fixed rollout batch; its batch and outputs."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from agents.rows import save_rows
+    from learners.trainer import TrainConfig, Trainer
+
+    tmp = tmp_path_factory.mktemp("dp")
+    collector = Trainer(TrainConfig(**_cfg(str(tiny_model_dir), str(tmp / "collect"), "srpo")), log=None)
+    batch = collector.collector.collect([0, 1, 2], group_size=2, seed=5)
+    rows_path = save_rows(batch.rows, tmp / "rows.jsonl")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_dp_worker, args=(2, port, str(tiny_model_dir), str(rows_path), str(tmp)), nprocs=2, join=True)
+    return tmp, batch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ALGOS)
+def test_two_rank_update_equals_single_process(dp_run, tiny_model_dir, algo: str) -> None:
+    from learners.trainer import TrainConfig, Trainer
+
+    tmp, batch = dp_run
+    single = Trainer(TrainConfig(**_cfg(str(tiny_model_dir), str(tmp / f"single-{algo}"), algo)), log=None)
+    before = {n: p.detach().clone() for n, p in single.policies.policies[0].model.named_parameters()}
+    single._update(batch, 1)
+    dp = torch.load(tmp / f"{algo}-dp-params.pt", weights_only=True)
+    moved = 0.0
+    for name, p in single.policies.policies[0].model.named_parameters():
+        assert (p.detach() - dp[name]).abs().max().item() <= PARAM_TOL, name
+        moved = max(moved, (p.detach() - before[name]).abs().max().item())
+    assert moved > 1e-5  # the update did something (so equality is not trivially 0 == 0)
+
+
+@pytest.mark.slow
+def test_checkpoint_saved_by_two_ranks_resumes_on_one(dp_run, tiny_model_dir) -> None:
+    from learners.trainer import TrainConfig, Trainer
+
+    tmp, _ = dp_run
+    resumed = Trainer(TrainConfig(**_cfg(str(tiny_model_dir), str(tmp / "srpo"), "srpo")), log=None)
+    assert resumed.dist.world_size == 1
+    resumed.load_checkpoint()
+    assert resumed.iteration == 1
+    dp = torch.load(tmp / "srpo-dp-params.pt", weights_only=True)
+    for name, p in resumed.policies.policies[0].model.named_parameters():
+        assert torch.equal(p.detach(), dp[name]), name
+    state = resumed.optimizer.state_dict()["state"]
+    assert state and all(int(s["step"]) == 1 for s in state.values())  # Adam's moments came along

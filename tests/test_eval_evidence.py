@@ -253,3 +253,20 @@ def test_bundled_dataset_hashes_are_registered() -> None:
         "problem 0 is"
         in grader.check_dataset("math", "AIME24", BUNDLED_DATASET_SHA256["aime24"], ids[::-1])[0]
     )
+
+
+def test_results_list_carries_its_evidence(genuine, tmp_path) -> None:
+    """``bench quick`` writes one results.json for every suite: write_records copies each record's
+    sample file beside it, so ``validate``/``reproduce`` work on that file directly."""
+    from benchmarks.compare import write_records
+
+    path, rec = genuine
+    out = tmp_path / "quick"
+    write_records(out, [rec], sample_dirs=[path.parent])
+    assert samples_path(out, rec.evidence.samples_sha256).read_bytes() == (
+        samples_path(path.parent, rec.evidence.samples_sha256).read_bytes()
+    )
+    res = _validate(str(out / "results.json"))
+    assert res.exit_code == 0, res.output
+    with pytest.raises(FileNotFoundError, match="evidence file of record"):
+        write_records(tmp_path / "elsewhere", [rec])

@@ -633,6 +633,10 @@ def test_identical_scores_share_a_rank_and_partial_records_rank_apart() -> None:
                      "suite_problems": {"gsm8k": 1, "math500": 500}})  # fmt: skip
     (tab,) = render.suite_tables([*same, partial])
     assert partial.partial and tab.rows == same and tab.partial == [partial] and tab.partial_ranks == [1]
+    # a spread without evidence behind it does not buy a shared rank
+    wide = {"avg@4": 0.9, "pass@4": 0.9, "team_tokens_per_problem": 0.0}
+    (tab,) = render.suite_tables([*same, record(name="claims", accs=(0.1, 0.1), macro_std=wide)])
+    assert tab.ranks == [1, 1, 1, 4]
     md = render.render_markdown(same)
     assert [
         line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ") and "run" in line

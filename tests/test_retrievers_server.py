@@ -459,6 +459,7 @@ def kb_bm25(tmp_path_factory):
 
 
 @pytest.mark.search
+@pytest.mark.slow
 def test_bm25_searched_from_many_threads_matches_sequential(kb_bm25):
     """Regression: threads calling the JVM at once raised NullPointerException/IncompatibleClassChange."""
     import threading

@@ -192,4 +192,4 @@ def test_trainer_runs_on_the_search_env(tiny_model_dir: Path, tmp_path: Path) ->
     assert {r.k for r in batch.rows if r.event_type == "search"} == {2}
     _reward_first_sample(batch)
     stats = trainer._update(batch, iteration=1)
-    assert stats["max_k"] == 2.0 and torch.isfinite(torch.tensor(stats["loss"]))
+    assert stats["rollout/max_k"] == 2.0 and torch.isfinite(torch.tensor(stats["actor/loss"]))

@@ -222,7 +222,13 @@ class SearchBatcher:
                     stop = True
                     break
                 batch.append(job)
-            self._search_batch(batch)
+            try:
+                self._search_batch(batch)
+            except BaseException as exc:  # a bug here must not kill the thread and hang every later request
+                log.exception("search thread failed on a batch")
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
         while True:  # fail what arrived after close() instead of leaving callers waiting forever
             try:
                 job = self._queue.get_nowait()
@@ -321,6 +327,7 @@ def create_app(
             "served": state["served"],
             "failed": state["failed"],
             "uptime_s": round(time.time() - state["started"], 1),
+            "cpu_s": round(time.process_time(), 3),  # this process, all threads (Java's too)
             "limits": asdict(lim),
         }
         if batcher is not None:

@@ -31,6 +31,10 @@ from srpo_envs.retrievers.base import Passage
 from srpo_envs.tasks.search_data import QATask
 
 TEST_BUCKETS = 2  # of 10: ~20% of questions are test questions
+#: First kb_seed of the worlds a many-world warm start trains on (``learners.sft`` ``kb_worlds``). Seeds
+#: below it -- 0, the quick-search world, and the small seeds used as unseen evaluation worlds -- are
+#: never trained on, so an answer there has to come from what the model retrieves and reads.
+SFT_WORLD_SEED_BASE = 1000
 
 _ONSETS = [
     "b",

@@ -1,0 +1,109 @@
+"""Trainer scale-out wiring without a vLLM install: pi_old recompute, mismatch, TIS, weight pushes."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import srpo_envs
+from agents.policy import PolicyMap, SamplingParams
+from agents.rollout import RolloutCollector
+from learners.scale import ScaleOut
+
+
+def _trainer(policies: PolicyMap, **cfg) -> SimpleNamespace:
+    base = dict(
+        backend="vllm", max_policy_lag=0, temperature=1.0, tis="auto", tis_cap=2.0, rollout_workers=0,
+        dtype="float32", sharing="shared", model="", seed=0, ray_address=None,
+    )  # fmt: skip
+    return SimpleNamespace(
+        cfg=SimpleNamespace(**{**base, **cfg}), policies=policies, device=torch.device("cpu")
+    )
+
+
+@pytest.fixture(scope="module")
+def learner_and_batch(tiny_model_dir):
+    from agents.hf import HFPolicy
+
+    policy = HFPolicy(tiny_model_dir)
+    collector = RolloutCollector(
+        lambda: srpo_envs.make("ProcArith-v0", workflow="proposers-aggregator"),
+        PolicyMap.shared(policy),
+        SamplingParams(temperature=1.0, max_new_tokens=6),
+    )
+    return policy, collector.collect([0, 1], group_size=2, seed=4)
+
+
+def test_prepare_recomputes_pi_old_logs_mismatch_and_weights_events(learner_and_batch) -> None:
+    policy, batch = learner_and_batch
+    # another engine's log-probs: the learner's plus a known per-token shift
+    shift = 0.01
+    shifted = dataclasses.replace(
+        batch,
+        rows=[
+            dataclasses.replace(r, behaviour_logprobs=[x - shift for x in r.behaviour_logprobs])
+            for r in batch.rows
+        ],
+    )
+    scale = ScaleOut(_trainer(PolicyMap.shared(policy)))
+    out, weights, stats = scale.prepare(shifted, event_loss=True)
+    assert stats["rollout/logprob_abs_diff"] == pytest.approx(shift, abs=1e-4)
+    assert stats["rollout/kl"] > 0 and stats["rollout/refused_events"] == 0
+    for new, old in zip(out.rows, batch.rows, strict=True):  # pi_old is the learner's own recompute
+        assert (
+            max(abs(a - b) for a, b in zip(new.behaviour_logprobs, old.behaviour_logprobs, strict=True))
+            < 1e-4
+        )
+        assert new.meta["rollout_logprobs"] == [x - shift for x in old.behaviour_logprobs]
+    # event level: exp(shift * tokens of the whole event), capped, shared by the event's rows
+    by_event: dict[str, list[int]] = {}
+    for i, r in enumerate(batch.rows):
+        by_event.setdefault(r.event_id, []).append(i)
+    for idx in by_event.values():
+        tokens = sum(len(batch.rows[i].response_ids) for i in idx)
+        expected = min(2.0, float(torch.exp(torch.tensor(shift * tokens, dtype=torch.float64))))
+        assert all(weights[i].item() == pytest.approx(expected, rel=1e-3) for i in idx)
+    hf = ScaleOut(_trainer(PolicyMap.shared(policy), backend="hf"))
+    same, none, hf_stats = hf.prepare(batch, event_loss=True)
+    assert none is None and same.rows == batch.rows and "rollout/kl" not in hf_stats
+
+
+def test_prepare_refuses_stale_events(learner_and_batch) -> None:
+    policy, batch = learner_and_batch
+    old_event = batch.rows[0].event_id
+    rows = [dataclasses.replace(r, policy_version=-1) if r.event_id == old_event else r for r in batch.rows]
+    scale = ScaleOut(_trainer(PolicyMap.shared(policy), backend="hf"))
+    out, _, stats = scale.prepare(dataclasses.replace(batch, rows=rows), event_loss=True)
+    assert stats["rollout/refused_events"] == 1
+    assert old_event not in {r.event_id for r in out.rows} and len(out.rows) < len(batch.rows)
+
+
+class _Engine:
+    """Records weight pushes like agents.vllm.VLLMPolicy.load_weights."""
+
+    def __init__(self) -> None:
+        self.policy_version = 0
+        self.pushes: list[tuple[int, float]] = []
+
+    def load_weights(self, weights, policy_version=None) -> None:
+        self.pushes.append((policy_version, float(next(iter(weights.values())).sum())))
+        self.policy_version = policy_version
+
+
+def test_weights_are_pushed_once_per_update(learner_and_batch) -> None:
+    policy, _ = learner_and_batch
+    scale = ScaleOut(_trainer(PolicyMap.shared(policy)))
+    engine = _Engine()
+    scale.rollout_policies = PolicyMap.shared(engine)
+    scale.sync_weights()
+    scale.sync_weights()  # nothing changed: no second push
+    assert [v for v, _ in engine.pushes] == [policy.policy_version]
+    with torch.no_grad():
+        next(policy.model.parameters()).add_(1.0)
+    policy.bump_version()
+    scale.sync_weights()
+    assert [v for v, _ in engine.pushes] == [policy.policy_version - 1, policy.policy_version]
+    assert engine.pushes[1][1] != engine.pushes[0][1]  # the new weights, not the old ones

@@ -1,0 +1,65 @@
+"""Many-world search SFT: episodes in invented training worlds, the premature-answer habit, eval worlds."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from learners.sft import SFTConfig, _premature, _training_worlds, build_search_examples
+from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE, make_knowledge_base
+
+
+def _env(gold: list[str]) -> SimpleNamespace:
+    return SimpleNamespace(unwrapped=SimpleNamespace(gold_titles=gold))
+
+
+def test_premature_answer_replaces_only_the_request_for_the_bridge() -> None:
+    two_hop = _env(["Zoukfeia", "Brelmatton"])
+    assert _premature(two_hop, "aggregator", "<search>Brelmatton</search>") == "<answer>Brelmatton</answer>"
+    assert _premature(two_hop, "aggregator", "<search>Zoukfeia</search>") is None  # the subject again
+    assert _premature(two_hop, "searcher", "<search>Brelmatton</search>") is None
+    assert _premature(two_hop, "aggregator", "<answer>1981</answer>") is None
+    assert _premature(_env(["Zoukfeia"]), "aggregator", "<search>Zoukfeia</search>") is None
+
+
+def test_training_worlds_never_include_an_evaluation_world() -> None:
+    assert _training_worlds(SFTConfig(domain="search", kb_seed=3)) == [3]
+    worlds = _training_worlds(SFTConfig(domain="search", kb_worlds=3, eval_kb_seeds=(0, 1)))
+    assert worlds == [SFT_WORLD_SEED_BASE, SFT_WORLD_SEED_BASE + 1, SFT_WORLD_SEED_BASE + 2]
+    with pytest.raises(ValueError, match="overlap the training worlds"):
+        SFTConfig(domain="search", kb_worlds=3, eval_kb_seeds=(SFT_WORLD_SEED_BASE + 2,))
+    with pytest.raises(ValueError, match="premature_answer"):
+        SFTConfig(domain="search", premature_answer=1.5)
+
+
+@pytest.mark.slow  # builds two BM25 worlds
+def test_examples_come_from_several_worlds_with_the_habit(tiny_model_dir) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    cfg = SFTConfig(domain="search", kb_worlds=2, premature_answer=1.0, search_episodes=24, seed=1)
+    examples = build_search_examples(tok, cfg)
+    prompts = [tok.decode(p) for p, _, _ in examples]
+    for world in (SFT_WORLD_SEED_BASE, SFT_WORLD_SEED_BASE + 1):
+        subjects = {t.question for t in make_knowledge_base(seed=world, split="train")[1]}
+        assert any(q in p for p in prompts for q in subjects), f"no episode in world {world}"
+    # with the habit always on, an aggregator that would ask for a two-hop question's bridge entity
+    # answers with it instead: every answer kept is the gold answer or that bridge, and some are bridges
+    expected: dict[str, tuple[set[str], str | None]] = {}
+    for world in (SFT_WORLD_SEED_BASE, SFT_WORLD_SEED_BASE + 1):
+        corpus, tasks = make_knowledge_base(seed=world, split="train")
+        title = {p.id: p.title for p in corpus}
+        for t in tasks:
+            gold = t.meta["gold_passage_ids"]
+            expected[t.question] = (set(t.answers), title[gold[1]] if len(gold) == 2 else None)
+    kinds = []
+    for (_, t, role), prompt in zip(examples, prompts, strict=True):
+        text = tok.decode(t)
+        if role != "aggregator" or "<answer>" not in text:
+            continue
+        answer = text.split("<answer>")[1].split("</answer>")[0].strip()
+        answers, bridge = next(v for q, v in expected.items() if q in prompt)
+        assert answer in answers or answer == bridge
+        kinds.append("bridge" if answer == bridge else "gold")
+    assert "bridge" in kinds
