@@ -30,7 +30,7 @@ MODEL = Path(__file__).resolve().parents[1] / "agents" / "checkpoints" / "mini-c
 
 
 def fingerprint(algo: str, model: str | Path = MODEL) -> dict[str, str]:
-    from learners.trainer import Trainer, TrainConfig
+    from learners.trainer import TrainConfig, Trainer
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
