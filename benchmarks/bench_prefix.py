@@ -11,7 +11,7 @@ sorting by prompt (what a trainer does to keep a prompt's rows together), and ea
 forward -> log-probs -> weighted sum -> backward, either through the per-row layout
 (:func:`learners.batching.collate` + one forward + :func:`learners.batching.gather_response_logprobs`)
 or :func:`learners.prefix.shared_prefix_logprobs`. Reported per path: the median over ``--repeats``
-interleaved passes of the time per 1k response tokens, the positions forwarded, and the activation
+interleaved passes of the wall and process-CPU time per 1k response tokens, the positions forwarded, and the activation
 memory autograd saves for backward (bytes of distinct storages, summed over chunks: the memory a single
 backward over the minibatch holds; one chunk's share is what a per-micro-batch backward holds). The
 largest log-prob difference between the paths is printed as a check.
@@ -99,11 +99,11 @@ def shared(model: Any, prompts: list[list[int]], responses: list[list[int]]) -> 
 
 def one_pass(
     model: Any, fn: Callable[..., torch.Tensor], chunks: list[list[tuple[list[int], list[int]]]]
-) -> tuple[float, int, list[torch.Tensor]]:
-    """Forward + backward chunk by chunk: seconds, saved bytes summed over chunks, log-probs."""
+) -> tuple[float, float, int, list[torch.Tensor]]:
+    """Forward + backward chunk by chunk: wall and CPU seconds, saved bytes summed over chunks, log-probs."""
     saved = 0
     out = []
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for chunk in chunks:
         meter = SavedBytes()
         with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
@@ -111,7 +111,7 @@ def one_pass(
         lp.sum().backward()
         saved += meter.total
         out.append(lp.detach())
-    return time.perf_counter() - t0, saved, out
+    return time.perf_counter() - t0, time.process_time() - c0, saved, out
 
 
 def main() -> None:
@@ -145,13 +145,15 @@ def main() -> None:
     }
     fns = {"per-row": per_row, "shared": shared}
     times: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
     saved: dict[str, int] = {}
     lps: dict[str, list[torch.Tensor]] = {}
     for _ in range(args.repeats):
         for name, fn in fns.items():
             model.zero_grad(set_to_none=True)
-            s, b, lp = one_pass(model, fn, chunks)
+            s, c, b, lp = one_pass(model, fn, chunks)
             times[name].append(s)
+            cpu[name].append(c)
             saved[name], lps[name] = b, lp
     diff = max((a - b).abs().max().item() for a, b in zip(lps["per-row"], lps["shared"], strict=True))
     n_prompts = len({tuple(p) for p, _ in rows})
@@ -160,13 +162,17 @@ def main() -> None:
         f"{len(chunks)} chunks of <= {args.forward_rows} rows; max |log-prob diff| {diff:.2e}"
     )
     for name in fns:
-        med = statistics.median(times[name])
+        med, med_cpu = statistics.median(times[name]), statistics.median(cpu[name])
         print(
-            f"{name:8s} {1000 * med / tokens:.3f} s/1k tokens ({med:.2f} s/pass)  positions {positions[name]:>7d}  "
-            f"saved for backward {saved[name] / 1024**2:.0f} MiB"
+            f"{name:8s} wall {1000 * med / tokens:.3f} s/1k tokens, CPU {1000 * med_cpu / tokens:.3f} s/1k tokens  "
+            f"positions {positions[name]:>7d}  saved for backward {saved[name] / 1024**2:.0f} MiB"
         )
     ratio = statistics.median(s / p for s, p in zip(times["shared"], times["per-row"], strict=True))
-    print(f"shared/per-row: time {ratio:.2f}, saved memory {saved['shared'] / saved['per-row']:.2f}")
+    ratio_cpu = statistics.median(s / p for s, p in zip(cpu["shared"], cpu["per-row"], strict=True))
+    print(
+        f"shared/per-row: wall time {ratio:.2f}, CPU time {ratio_cpu:.2f}, "
+        f"saved memory {saved['shared'] / saved['per-row']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -351,7 +351,7 @@ def compare_cmd(
     ),
 ) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy."""
-    from benchmarks.presets import ALGORITHMS
+    from benchmarks.presets import BASELINES as ALGORITHMS
 
     names = [a.strip() for a in algos.split(",") if a.strip()]
     unknown = [a for a in names if a not in ALGORITHMS]

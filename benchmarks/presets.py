@@ -112,6 +112,12 @@ QUICK_SETTINGS: dict[str, dict[str, Any]] = {
 
 #: Comparison variants: name -> ``TrainConfig`` overrides.
 ALGORITHMS: dict[str, dict[str, Any]] = {
+    "srpo": {"algo": "srpo"},
+    "grpo": {"algo": "grpo"},
+    "mappo": {"algo": "mappo"},
+}
+#: Every registered baseline ``srpo bench compare --algos`` accepts (the main job trains :data:`ALGORITHMS`).
+BASELINES: dict[str, dict[str, Any]] = {
     name: {"algo": name} for name in ("srpo", "grpo", "dr-grpo", "gspo", "dr-mas", "at-grpo", "rloo", "mappo")
 }
 #: The SRPO set-normalisation ablation (``srpo bench ablation``): sqrt (default), sum, mean and K=1.

@@ -57,7 +57,7 @@ from learners.batching import (
     micro_batch_bounds,
 )
 from learners.critic import ValueCritic
-from learners.distributed import all_reduce_sum
+from learners.distributed import all_reduce_sum, broadcast_object
 from learners.losses import (
     AGG_MODES,
     EVENT_NORMS,
@@ -594,12 +594,12 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, n: int | None = None, k: int | None = None, seed: int = 10_007) -> float:
         """Held-out team accuracy: ``n`` eval-split tasks x ``k`` samples, fixed sampling seeds."""
-        if not self.dist.is_main:
-            return float("nan")  # rank 0 evaluates and logs; the others go on to the next collective
+        if not self.dist.is_main:  # rank 0 evaluates; every rank returns its number
+            return broadcast_object(None, self.dist)
         self.scale.sync_weights()
         n = min(n or self.cfg.eval_problems, self.n_eval_tasks)
         batch = self.eval_collector.collect(list(range(n)), group_size=k or self.cfg.eval_k, seed=seed)
-        return batch.accuracy
+        return broadcast_object(batch.accuracy, self.dist)
 
     # ------------------------------------------------------------------ loop
     def train(self) -> list[dict[str, Any]]:

@@ -180,6 +180,9 @@ class MultiTurnSearchEnv(EventParallelEnv):
                     {"turn": self._turn, "agent": agent, "query": query, "passages": passages}
                 )
             info["tool_calls"] = len(queries)
+            # passages the team reads, and how many ``passage_chars`` cuts (the eval's truncation rate)
+            info["inputs"] = sum(len(ps) for ps in results)
+            info["inputs_truncated"] = sum(len(p.text) > self.passage_chars for ps in results for p in ps)
             info["queries"] = queries
             info["retrieved_ids"] = {a: [p.id for p in ps] for a, ps in zip(queries, results, strict=True)}
             self._phase = "aggregate"

@@ -39,6 +39,10 @@ def test_build_resume_and_open_small(tmp_path: Path) -> None:
     hits = retriever.search(["word13"], 3)[0]
     assert hits and hits[0].id == "d13" and hits[0].title == "Topic 13"
     assert index_corpus_info(tmp_path / "idx")["corpus"] == "c.jsonl"
+    from benchmarks.suites import get_suite  # what an eval record names for --index DIR
+
+    info = get_suite("search").datasets[0].corpus_info({"index": str(tmp_path / "idx")})
+    assert info["corpus_sha256"] == m["corpus_fingerprint"] and info["retriever"] == "bm25-index"
     # a second build of a finished directory is a no-op for the index (resume)
     again = build_index(corpus, tmp_path / "idx", batch_size=16, threads=1, progress=False)
     assert again["index_path"] == m["index_path"]

@@ -133,3 +133,28 @@ def test_routed_suites_are_registered() -> None:
         assert SUITES[name].default_workflow == "routed"
         assert SUITES[name].dataset_names == SUITES[base].dataset_names
         assert all(d.env_kwargs.get("member_cost", 0) > 0 for d in SUITES[name].datasets)
+
+
+def test_search_member_cost_is_charged_per_searcher_per_search() -> None:
+    from srpo_envs.search import MultiTurnSearchEnv
+
+    env = MultiTurnSearchEnv("kb", workflow="routed", n_searchers=3, max_turns=2, member_cost=0.1)
+    env.reset(seed=0, options={"task_index": 0})
+    env.step({"router": "\\boxed{2}"})
+    env.step({"searcher_0": "<search>a</search>", "searcher_1": "<search>b</search>"})
+    env.step({"aggregator": f"<answer>{env.answer}</answer>"})
+    assert env.outcome["correct"] is True and env.outcome["reward"] == pytest.approx(1 - 2 * 0.1)
+
+
+def test_search_passage_limit_is_counted() -> None:
+    from srpo_envs.search import MultiTurnSearchEnv
+
+    cut = {}
+    for chars in (10, 10_000):
+        env = MultiTurnSearchEnv("kb", n_searchers=1, passage_chars=chars)
+        env.reset(seed=0, options={"task_index": 0})
+        env.step({"searcher_0": f"<search>{env.task.question}</search>"})
+        info = env.events[-1].info
+        assert info["inputs"] == env.top_k
+        cut[chars] = info["inputs_truncated"]
+    assert cut == {10: 3, 10_000: 0}
