@@ -18,6 +18,7 @@ On a 2-core machine two workers cannot beat one by much: the numbers show the ov
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -102,12 +103,20 @@ def _learner_worker(model: str, rows_file: str, reps: int, threads: int, result_
         save_every=0, out_dir=tempfile.mkdtemp(prefix="bench_scale_"), device="cpu",
     )  # fmt: skip
     trainer = Trainer(cfg, log=None)
-    batch = RolloutBatch(rows=load_rows(rows_file), episodes=[])
-    trainer._update(batch, 1)  # warm-up
-    t0 = time.perf_counter()
+    rows = load_rows(rows_file)
+
+    def fresh() -> RolloutBatch:
+        # stamp the rows with the learner's current version: older rows are refused as stale
+        version = int(trainer.policies.policies[0].policy_version)
+        return RolloutBatch(rows=[dataclasses.replace(r, policy_version=version) for r in rows], episodes=[])
+
+    trainer._update(fresh(), 1)  # warm-up
+    wall = 0.0
     for i in range(reps):
+        batch = fresh()
+        t0 = time.perf_counter()
         trainer._update(batch, 2 + i)
-    wall = time.perf_counter() - t0
+        wall += time.perf_counter() - t0
     if trainer.dist.is_main:
         Path(result_file).write_text(json.dumps({"rows_per_s": reps * len(batch.rows) / wall, "s": wall}))
 

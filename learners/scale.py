@@ -96,6 +96,12 @@ class ScaleOut:
                     dtype="float64" if cfg.dtype == "float64" else "float32",
                 )
             workers = cfg.rollout_workers
+            remote = cfg.ray_address or os.environ.get("RAY_ADDRESS")
+            if remote and "Search" in cfg.env_id and "retriever_url" not in cfg.env_kwargs:
+                trainer.log(
+                    "warning: rollout workers on a Ray cluster build their own retriever on every node; "
+                    "serve one (`srpo serve-retriever`) and pass --env-kwarg retriever_url=http://HOST:PORT"
+                )
             self.pool = RolloutWorkerPool(
                 factory,
                 workers,

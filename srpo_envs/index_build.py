@@ -78,6 +78,12 @@ def _progress(total: int | None, desc: str, enabled: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="passage", disable=not enabled, file=sys.stderr)
 
 
+def _file_identity(path: Path) -> dict[str, Any]:
+    """Cheap identity of a corpus file (path, size, mtime): what decides whether a build can resume."""
+    st = path.stat()
+    return {"corpus": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
 def _write_shards(corpus: Path, out: Path, batch_size: int, progress: bool) -> tuple[str, int, list[Path]]:
     """Pass 1: stream the corpus into shards; returns (corpus fingerprint, passages, shard paths).
 
@@ -88,7 +94,13 @@ def _write_shards(corpus: Path, out: Path, batch_size: int, progress: bool) -> t
     shards: list[Path] = []
     buf: list[str] = []
     n = 0
+    # shards of another corpus file or another batch size are not this build's: start them over
+    state = {**_file_identity(corpus), "batch_size": batch_size}
+    state_file = out / "shards" / "state.json"
+    if state_file.is_file() and json.loads(state_file.read_text(encoding="utf-8")) != state:
+        shutil.rmtree(out / "shards")
     (out / "shards").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(state_file, json.dumps(state))
 
     def flush() -> None:
         path = out / "shards" / f"docs-{len(shards):05d}.jsonl"
@@ -274,6 +286,17 @@ def build_index(
     root = Path(out).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     say = log or (lambda s: None)
+    manifest_path = root / MANIFEST
+    if manifest_path.is_file():
+        done = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if (
+            done.get("backend") == backend
+            and done.get("model") == model
+            and done.get("corpus_file") == _file_identity(src)
+            and (root / done["index_path"]).is_dir()
+        ):
+            say(f"{root} already holds this index; nothing to do")
+            return done
     t0 = time.perf_counter()
     fingerprint, n, shards = _write_shards(src, root, batch_size, progress)
     n_threads = threads or max(1, min(8, os.cpu_count() or 1))
@@ -286,6 +309,7 @@ def build_index(
         "format": MANIFEST_FORMAT,
         "backend": backend,
         "corpus": str(src),
+        "corpus_file": _file_identity(src),
         "corpus_fingerprint": fingerprint,
         "num_passages": n,
         "index_path": str(built.relative_to(root)),
@@ -295,8 +319,7 @@ def build_index(
         "seconds_per_1k_passages": round(seconds * 1000 / n, 4),
     }
     atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    if backend == "bm25":
-        shutil.rmtree(root / "shards", ignore_errors=True)  # Lucene stores raw docs itself
+    shutil.rmtree(root / "shards", ignore_errors=True)  # the index holds what it needs (Lucene: raw docs)
     return manifest
 
 

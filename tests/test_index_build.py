@@ -48,6 +48,33 @@ def test_build_resume_and_open_small(tmp_path: Path) -> None:
     assert again["index_path"] == m["index_path"]
 
 
+def test_interrupted_build_resumes_from_its_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import srpo_envs.index_build as ib
+
+    corpus = _write_corpus(tmp_path / "c.jsonl")
+    real = ib._build_bm25
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ib, "_build_bm25", crash)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(corpus, tmp_path / "idx", batch_size=16, threads=1, progress=False)
+    shards = sorted((tmp_path / "idx" / "shards").glob("docs-*.jsonl"))
+    assert len(shards) == 3  # 16 + 16 + 8 passages
+    stamps = [s.stat().st_mtime_ns for s in shards]
+    seen: list[int] = []
+
+    def resume(out: Path, *args, **kwargs):
+        seen.extend(s.stat().st_mtime_ns for s in sorted(out.glob("shards/docs-*.jsonl")))
+        return real(out, *args, **kwargs)
+
+    monkeypatch.setattr(ib, "_build_bm25", resume)
+    build_index(corpus, tmp_path / "idx", batch_size=16, threads=1, progress=False)
+    assert seen == stamps  # the shards of the interrupted build were reused, not rewritten
+    assert not (tmp_path / "idx" / "shards").exists() and open_index(tmp_path / "idx").search(["word5"], 1)[0]
+
+
 def test_bad_inputs_have_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="not an srpo index directory"):
         read_manifest(tmp_path)

@@ -59,3 +59,35 @@ def test_missing_columns_are_rejected(tmp_path: Path) -> None:
     curves, heldout = _frames()
     with pytest.raises(ValueError, match="heldout lacks columns"):
         report.plot_suite_panels(curves, heldout.drop(columns="after"), tmp_path / "x.png")
+
+
+def test_bench_quick_draws_one_row_per_suite(tmp_path: Path, monkeypatch) -> None:
+    """``bench quick``'s merge step feeds every suite's curves and held-out runs to the panels."""
+    from benchmarks.cli import _merge_quick_outputs
+    from benchmarks.compare import ComparisonResult
+
+    figures = []
+    save = report._save_png
+    monkeypatch.setattr(
+        report, "_save_png", lambda fig, path, dpi: (figures.append(fig), save(fig, path, dpi))[1]
+    )
+    curves, heldout = _frames()
+    results = {
+        name: ComparisonResult(
+            pd.DataFrame([{"variant": "srpo"}]),
+            heldout[heldout["suite"] == name].drop(columns="suite"),
+            curves[curves["suite"] == name].drop(columns="suite"),
+            [],
+            {},
+        )
+        for name in ("quick-math", "quick-search")
+    }
+    paths = _merge_quick_outputs(tmp_path, results)
+    assert paths["curves"] == tmp_path / "curves.png" and paths["curves"].is_file()
+    titles = [ax.get_title(loc="left") for ax in figures[0].axes]
+    assert titles == [
+        "quick-math: training rollouts",
+        "held-out",
+        "quick-search: training rollouts",
+        "held-out",
+    ]
