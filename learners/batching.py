@@ -50,6 +50,7 @@ __all__ = [
     "event_minibatches",
     "gather_response_logprobs",
     "micro_batch_bounds",
+    "shard_minibatch",
 ]
 
 

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from agents.model_source import ModelNotAvailable
 from learners.algorithms import ALGORITHMS
 from learners.checkpoint import CheckpointError
 from learners.trainer import TrainConfig, train
@@ -49,7 +50,7 @@ def train_command(
         cfg = dataclasses.replace(cfg, env_kwargs={**cfg.env_kwargs, "workflow": workflow})
     try:
         history = train(cfg, resume=resume, log=typer.echo)
-    except CheckpointError as exc:  # missing or corrupt checkpoint: one line, not a traceback
+    except (CheckpointError, ModelNotAvailable) as exc:  # missing checkpoint or model: one line, no traceback
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     evals = [(h["iteration"], h["eval_accuracy"]) for h in history if h.get("eval_accuracy") is not None]

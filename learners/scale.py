@@ -85,10 +85,10 @@ class ScaleOut:
 
             on_gpu = trainer.device.type == "cuda"
             if cfg.backend == "vllm":
-                factory: Any = VLLMPolicyFactory(cfg.model, tuple(trainer.roles), dtype=cfg.dtype)
+                factory: Any = VLLMPolicyFactory(trainer.model_path, tuple(trainer.roles), dtype=cfg.dtype)
             else:
                 factory = HFPolicyFactory(
-                    cfg.model,
+                    trainer.model_path,
                     tuple(trainer.roles),
                     cfg.sharing,
                     cfg.lora_rank,
@@ -118,7 +118,9 @@ class ScaleOut:
                 raise ValueError(
                     "backend=vllm supports sharing=shared (merge LoRA adapters for per-role engines)"
                 )
-            engine = VLLMPolicy(cfg.model, dtype=cfg.dtype, seed=cfg.seed, gpu_memory_utilization=0.3)
+            engine = VLLMPolicy(
+                trainer.model_path, dtype=cfg.dtype, seed=cfg.seed, gpu_memory_utilization=0.3
+            )
             policies = self.rollout_policies = PolicyMap.shared(engine, trainer.roles)
         return RolloutCollector(train_env, policies, sampling), RolloutCollector(eval_env, policies, sampling)
 

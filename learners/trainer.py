@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from agents.hf import HFPolicy, adapter_scope, default_lora_config, lora_policy_map
+from agents.model_source import resolve_model
 from agents.policy import PolicyMap, SamplingParams
 from agents.rollout import RolloutBatch
 from learners import checkpoint as ckpt
@@ -351,7 +352,7 @@ class Trainer:
         self.critic: ValueCritic | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if self.algorithm.critic:
-            self.critic = ValueCritic.from_pretrained(cfg.model, max_tokens=cfg.critic_max_tokens)
+            self.critic = ValueCritic.from_pretrained(self.model_path, max_tokens=cfg.critic_max_tokens)
             self.critic.to(device=self.device, dtype=self.param_dtype)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
         #: the critic's values of the current batch's events (its "old" values for the value clip)
@@ -364,9 +365,12 @@ class Trainer:
         cfg = self.cfg
         if not cfg.model:
             raise ValueError("TrainConfig.model must name a model directory or hub id")
+        #: the local directory of ``cfg.model`` (a hub id is looked up in the hub cache, downloaded
+        #: when online; offline and uncached it is a ModelNotAvailable error that says how to fetch it)
+        self.model_path = str(resolve_model(cfg.model))
 
         def load() -> HFPolicy:
-            pol = HFPolicy(cfg.model, device=self.device, dtype=self.param_dtype)
+            pol = HFPolicy(self.model_path, device=self.device, dtype=self.param_dtype)
             if cfg.gradient_checkpointing:
                 pol.model.gradient_checkpointing_enable(
                     gradient_checkpointing_kwargs={"use_reentrant": False}
