@@ -1,6 +1,7 @@
 """Shared-prefix update forward vs the per-row forward: time and activation memory of forward + backward.
 
     python -m benchmarks.bench_prefix [--forward-rows 64] [--repeats 3]
+    python -m benchmarks.bench_prefix --generation [--threads 1]   # prefill sharing in HFPolicy.generate
 
 Rows shaped like one quick-math SRPO batch (16 tasks x G=8, proposers-aggregator): 384 proposer rows on
 16 distinct prompts (each prompt 24 times: 8 rollouts x 3 proposers) and 128 aggregator rows with
@@ -114,6 +115,53 @@ def one_pass(
     return time.perf_counter() - t0, time.process_time() - c0, saved, out
 
 
+def generation_ab(model_dir: str, tasks: int, group: int, new: int, repeats: int) -> None:
+    """Shared-prefix prefill off/on, interleaved: the proposer round of a quick-math batch (every
+    task's prompt sampled 3 x ``group`` times, per-request seeds), ``new`` tokens each (EOS ignored)."""
+    from agents.hf import HFPolicy
+    from agents.policy import GenerationRequest, SamplingParams
+    from srpo_envs.tasks.procedural import make_arithmetic_tasks
+
+    policy = HFPolicy(model_dir)
+    problems = [t.problem for t in make_arithmetic_tasks(tasks, difficulty=2, max_operand=9, seed=0)]
+    requests = [
+        GenerationRequest(
+            f"proposer_{j % 3}",
+            "proposer",
+            [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": OBSERVATION.format(problem=problem)},
+            ],
+            SamplingParams(temperature=1.0, max_new_tokens=new, ignore_eos=True, seed=1000 * i + j),
+        )
+        for i, problem in enumerate(problems)
+        for j in range(3 * group)
+    ]
+    walls: dict[bool, list[float]] = {False: [], True: []}
+    cpus: dict[bool, list[float]] = {False: [], True: []}
+    outputs: dict[bool, list[list[int]]] = {}
+    for _ in range(repeats):
+        for share in (False, True):
+            policy.share_prefix = share
+            t0, c0 = time.perf_counter(), time.process_time()
+            gens = policy.generate(requests)
+            walls[share].append(time.perf_counter() - t0)
+            cpus[share].append(time.process_time() - c0)
+            outputs[share] = [g.token_ids for g in gens]
+    n_tok = sum(len(t) for t in outputs[True])
+    print(
+        f"generation: {len(requests)} requests, {len(problems)} distinct prompts, {n_tok} tokens; "
+        f"same tokens with and without sharing: {outputs[True] == outputs[False]}"
+    )
+    for share in (False, True):
+        w, c = statistics.median(walls[share]), statistics.median(cpus[share])
+        print(
+            f"share_prefix={share!s:5s} wall {1000 * w / n_tok:.3f} s/1k tokens, CPU {1000 * c / n_tok:.3f} s/1k tokens"
+        )
+    ratio = statistics.median(b / a for a, b in zip(cpus[False], cpus[True], strict=True))
+    print(f"shared/unshared CPU time: {ratio:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(MODEL))
@@ -122,6 +170,10 @@ def main() -> None:
     ap.add_argument("--forward-rows", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument(
+        "--generation", action="store_true", help="time the prefill sharing of generation instead"
+    )
+    ap.add_argument("--new", type=int, default=48, help="--generation: new tokens per request")
     args = ap.parse_args()
     if min(args.tasks, args.group, args.forward_rows, args.repeats) < 1:
         ap.error("--tasks, --group, --forward-rows and --repeats must be >= 1")
@@ -129,6 +181,9 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.generation:
+        generation_ab(args.model, args.tasks, args.group, args.new, args.repeats)
+        return
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.train()

@@ -107,7 +107,7 @@ def test_bundled_corpus_index_matches_builtin(tmp_path: Path) -> None:
     assert m["num_passages"] == BUNDLED_CORPUS_SIZE
     built = open_index(tmp_path / "idx")
     assert not built.index_built
-    builtin = make_retriever("bm25")
+    builtin = make_retriever("bm25", bundled_corpus_path())
     queries = QUERIES + [t.question for t in load_qa("hotpotqa", limit=20)]
     got, want = built.search(queries, 5), builtin.search(queries, 5)
     assert [[(p.id, round(p.score, 4)) for p in r] for r in got] == [
