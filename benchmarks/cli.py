@@ -303,14 +303,38 @@ def _run_compare(
     return result
 
 
-def _train_overrides(iterations: int, tasks_per_iter: int, group_size: int, lr: float) -> dict[str, Any]:
-    return {
+def _train_overrides(
+    iterations: int,
+    tasks_per_iter: int,
+    group_size: int,
+    lr: float,
+    *,
+    epochs: int | None = None,
+    minibatches_per_iter: int | None = None,
+    clip_eps: float | None = None,
+) -> dict[str, Any]:
+    """The shared ``TrainConfig`` overrides; ``epochs > 1`` or ``minibatches_per_iter > 1`` make the
+    updates off-policy (rho != 1 after the first step), which is where clipping and SRPO's set-level
+    ratio act. ``None`` keeps the quick (on-policy) preset."""
+    out: dict[str, Any] = {
         **QUICK_TRAIN,
         "iterations": iterations,
         "tasks_per_iter": tasks_per_iter,
         "group_size": group_size,
         "lr": lr,
     }
+    if epochs is not None:
+        out["epochs"] = epochs
+    if minibatches_per_iter is not None:
+        out["minibatches_per_iter"] = minibatches_per_iter
+    if clip_eps is not None:
+        out["clip_eps"] = clip_eps
+    return out
+
+
+_EPOCHS_HELP = "passes over each rollout batch (> 1: off-policy updates; default: the quick preset's 1)"
+_MINIBATCHES_HELP = "split each rollout batch into this many minibatches (overrides --rows-per-batch)"
+_CLIP_HELP = "ratio clip range shared by every variant (default: TrainConfig's 0.2)"
 
 
 def _eval_k(suite: str, k: int | None) -> int:
@@ -349,6 +373,9 @@ def compare_cmd(
         QUICK_TRAIN["rows_per_batch"],
         help="rows per minibatch (an iteration's rows / this = optimizer steps)",
     ),
+    epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
+    minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
+    clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
 ) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy."""
     from benchmarks.presets import BASELINES as ALGORITHMS
@@ -357,7 +384,18 @@ def compare_cmd(
     unknown = [a for a in names if a not in ALGORITHMS]
     if unknown:
         raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(ALGORITHMS)}")
-    train = {**_train_overrides(iterations, tasks_per_iter, group_size, lr), "rows_per_batch": rows_per_batch}
+    train = {
+        **_train_overrides(
+            iterations,
+            tasks_per_iter,
+            group_size,
+            lr,
+            epochs=epochs,
+            minibatches_per_iter=minibatches_per_iter,
+            clip_eps=clip_eps,
+        ),
+        "rows_per_batch": rows_per_batch,
+    }
     _run_compare(
         model,
         out,
@@ -383,11 +421,31 @@ def ablation_cmd(
     ),
     eval_limit: int = typer.Option(COMPARE_DEFAULTS["eval_limit"], "--eval-limit", "--limit", min=1),
     lr: float = QUICK_TRAIN["lr"],
+    tasks_per_iter: int = QUICK_TRAIN["tasks_per_iter"],
+    group_size: int = QUICK_TRAIN["group_size"],
+    rows_per_batch: int = typer.Option(
+        QUICK_TRAIN["rows_per_batch"],
+        help="rows per minibatch (an iteration's rows / this = optimizer steps)",
+    ),
+    epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
+    minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
+    clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
 ) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1."""
     from benchmarks.presets import ABLATIONS
 
-    train = _train_overrides(iterations, QUICK_TRAIN["tasks_per_iter"], QUICK_TRAIN["group_size"], lr)
+    train = {
+        **_train_overrides(
+            iterations,
+            tasks_per_iter,
+            group_size,
+            lr,
+            epochs=epochs,
+            minibatches_per_iter=minibatches_per_iter,
+            clip_eps=clip_eps,
+        ),
+        "rows_per_batch": rows_per_batch,
+    }
     _run_compare(
         model,
         out,

@@ -31,6 +31,7 @@ from benchmarks.evaluate import EvalResult, evaluate
 from benchmarks.paper import paper_tables, run_from_result, write_paper
 from benchmarks.presets import ABLATIONS, ALGORITHMS  # noqa: F401  (ABLATIONS re-exported)
 from benchmarks.report import format_mean_std, plot_learning_curves, to_markdown, write_csv
+from learners import checkpoint as ckpt
 from learners.trainer import TrainConfig, Trainer
 from srpo_common import atomic_write_text, weights_sha256
 
@@ -61,6 +62,40 @@ class ComparisonResult:
     curves: pd.DataFrame  # long: variant, seed, iteration, train_accuracy, reward_mean
     records: list[Any]
     paths: dict[str, Path]
+    # long: variant, seed, iteration, k, count -- the team sizes chosen in each training rollout batch
+    k_counts: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+#: Per-iteration trainer metrics averaged over a run's iterations into its row of ``comparison.csv``
+#: (column name -> ``metrics.jsonl`` key): how off-policy the updates were and how often clipping acted.
+UPDATE_DIAGNOSTICS: dict[str, str] = {
+    "clip_frac": "actor/clip_frac",
+    "mean_abs_log_ratio": "actor/mean_abs_log_ratio",
+    "approx_kl": "actor/approx_kl",
+    "mean_k": "rollout/mean_k",
+}
+
+
+def run_diagnostics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each :data:`UPDATE_DIAGNOSTICS` metric averaged over the iterations that logged it (NaN if none).
+
+    ``clip_frac`` = 0 everywhere means the ratio never left the clip range, i.e. the comparison ran
+    on-policy and the clipped objectives were never exercised -- the number to check beside accuracy.
+    """
+    out = {}
+    for col, key in UPDATE_DIAGNOSTICS.items():
+        vals = [float(m[key]) for m in metrics if isinstance(m.get(key), int | float)]
+        out[col] = float(np.mean(vals)) if vals else float("nan")
+    return out
+
+
+def k_counts_of(metrics: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rollout/k_hist`` of every iteration as long rows (iteration, k, count)."""
+    rows = []
+    for m in metrics:
+        for k, n in (m.get("rollout/k_hist") or {}).items():
+            rows.append({"iteration": int(m["iteration"]), "k": int(k), "count": int(n)})
+    return rows
 
 
 #: Row name of the starting model in tables.
@@ -127,6 +162,7 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     runs: list[dict[str, Any]] = []
     evals: dict[tuple[str, int], EvalResult] = {}
     curves: list[dict[str, Any]] = []
+    k_rows: list[dict[str, Any]] = []
     start = HFPolicy(cfg.model)
     for seed in cfg.seeds:
         t0 = time.perf_counter()
@@ -153,6 +189,8 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
                 trainer.metrics_path.unlink()
             history = trainer.train()
             t1 = time.perf_counter()
+            metrics = ckpt.read_metrics(trainer.metrics_path)  # what the run logged, one row per iteration
+            k_rows += [{"variant": name, "seed": seed, **r} for r in k_counts_of(metrics)]
             result = run_eval(trainer.policies, seed, name)
             evals[(name, seed)] = result
             before, after = _macro_accuracy(evals[("start", seed)]), _macro_accuracy(result)
@@ -165,6 +203,7 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
                     "delta": after - before,
                     "train_s": round(t1 - t0, 1),
                     "eval_s": round(time.perf_counter() - t1, 1),
+                    **run_diagnostics(metrics),
                 }
             )
             for h in history:
@@ -178,11 +217,24 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
                             "reward_mean": h["reward_mean"],
                         }
                     )
-            say(f"{name} seed {seed}: {before:.3f} -> {after:.3f} (train {t1 - t0:.0f}s)")
+            diag = runs[-1]
+            say(
+                f"{name} seed {seed}: {before:.3f} -> {after:.3f} (train {t1 - t0:.0f}s; "
+                f"clip_frac {diag['clip_frac']:.3f}, |L_e| {diag['mean_abs_log_ratio']:.4f}, "
+                f"approx_kl {diag['approx_kl']:.5f})"
+            )
     runs_df = pd.DataFrame(runs)
     curves_df = pd.DataFrame(curves)
+    k_df = pd.DataFrame(k_rows, columns=["variant", "seed", "iteration", "k", "count"])
     table = _summary_table(cfg, runs_df, evals)
     paths = _write_outputs(cfg, out, table, runs_df, curves_df)
+    if k_df["k"].nunique() > 1:  # K varies (routed suites): mean and histogram of chosen K over training
+        from benchmarks.report import plot_k_over_training
+
+        paths["k_counts"] = write_csv(k_df, out / "k_over_training.csv")
+        paths["k_over_training"] = plot_k_over_training(
+            k_df, out / "k_over_training.png", title=f"{cfg.suite}: team size K chosen in training rollouts"
+        )
     paper_runs = [
         run_from_result(evals[(name, s)], START_LABEL if name == "start" else name, s)
         for name in ["start", *cfg.variants]
@@ -193,7 +245,7 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     paths.update({f"paper_{k}": v for k, v in write_paper(paper, out, paper_runs).items()})
     records = _records(cfg, evals)
     paths.update(write_records(out, records))
-    return ComparisonResult(table, runs_df, curves_df, records, paths)
+    return ComparisonResult(table, runs_df, curves_df, records, paths, k_df)
 
 
 def _summary_table(
@@ -225,6 +277,11 @@ def _summary_table(
                 "before": format_mean_std(*_ms(sub["before"])),
                 "after": format_mean_std(*_ms(sub["after"])),
                 "delta": format_mean_std(*_ms(sub["delta"])),
+                "train s": format_mean_std(*_ms(sub["train_s"]), digits=0),
+                "clip_frac": format_mean_std(*_ms(sub["clip_frac"])),
+                "mean |L_e|": format_mean_std(*_ms(sub["mean_abs_log_ratio"]), digits=4),
+                "approx_kl": format_mean_std(*_ms(sub["approx_kl"]), digits=5),
+                "mean K": format_mean_std(*_ms(sub["mean_k"]), digits=2),
                 **{
                     f"{d} avg@{k}": format_mean_std(
                         *_ms([evals[(name, s)].table.loc[d, "avg@k"] for s in cfg.seeds])

@@ -25,6 +25,7 @@ __all__ = [
     "atomic_write_text",
     "format_mean_std",
     "plot_k_histogram",
+    "plot_k_over_training",
     "plot_learning_curves",
     "plot_suite_panels",
     "to_latex",
@@ -387,4 +388,53 @@ def plot_k_histogram(
         ax.set_title(title)
     if len(arrays) > 1:
         ax.legend()
+    return _save_png(fig, path, dpi)
+
+
+def plot_k_over_training(
+    counts: pd.DataFrame,
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+    dpi: int = 120,
+) -> Path:
+    """Two panels of the team sizes a router chose while training: mean K per iteration (one line per
+    variant, mean ± std over seeds) and the histogram of K over all training events per variant.
+
+    ``counts`` is long: ``variant, seed, iteration, k, count`` (the trainer's ``rollout/k_hist`` per
+    iteration). Both panels come from counts, so an iteration with more events weighs more in the
+    histogram but each seed weighs the same in the curve.
+    """
+    missing = [c for c in ("variant", "seed", "iteration", "k", "count") if c not in counts.columns]
+    if missing:
+        raise ValueError(f"plot_k_over_training: missing columns {missing}")
+    if counts.empty or int(counts["count"].sum()) <= 0:
+        raise ValueError("plot_k_over_training: no K counts")
+    df = counts.assign(kn=counts["k"] * counts["count"])
+    per_run = df.groupby(["variant", "seed", "iteration"], sort=True)[["kn", "count"]].sum()
+    per_run = (per_run["kn"] / per_run["count"]).rename("mean_k").reset_index()
+    plt = _pyplot()
+    fig, (ax_c, ax_h) = plt.subplots(1, 2, figsize=(11.0, 4.0))
+    variants = sorted(df["variant"].unique())
+    ks = np.sort(df["k"].unique())
+    width = 0.8 / len(variants)
+    for i, name in enumerate(variants):
+        stats = per_run[per_run["variant"] == name].groupby("iteration")["mean_k"].agg(["mean", "std"])
+        xs, mean, std = stats.index.to_numpy(), stats["mean"].to_numpy(), stats["std"].fillna(0.0).to_numpy()
+        (line,) = ax_c.plot(xs, mean, marker="o", label=str(name))
+        ax_c.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+        sub = df[df["variant"] == name].groupby("k")["count"].sum()
+        frac = np.array([sub.get(k, 0) for k in ks], dtype=np.float64) / max(int(sub.sum()), 1)
+        ax_h.bar(ks + (i - (len(variants) - 1) / 2) * width, frac, width=width, color=line.get_color(), label=name)
+    ax_c.set_xlabel("iteration")
+    ax_c.set_ylabel("mean K of the rollout batch")
+    ax_c.grid(True, alpha=0.3)
+    ax_c.legend(fontsize="small")
+    ax_h.set_xticks(ks)
+    ax_h.set_xlabel("K (agents per event)")
+    ax_h.set_ylabel("fraction of training events")
+    ax_h.grid(True, axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
     return _save_png(fig, path, dpi)

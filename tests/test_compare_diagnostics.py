@@ -1,0 +1,57 @@
+"""Off-policy diagnostics of ``bench compare``: per-run averages from metrics.jsonl and the K-over-training plot."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from benchmarks.compare import k_counts_of, run_diagnostics
+from benchmarks.report import plot_k_over_training
+
+METRICS = [
+    {"iteration": 1, "actor/clip_frac": 0.1, "actor/mean_abs_log_ratio": 0.02, "actor/approx_kl": 1e-4,
+     "rollout/mean_k": 1.5, "rollout/k_hist": {"1": 2, "2": 2}},
+    {"iteration": 2, "actor/clip_frac": 0.3, "actor/mean_abs_log_ratio": 0.04, "actor/approx_kl": 3e-4,
+     "rollout/mean_k": 2.5, "rollout/k_hist": {"2": 2, "3": 2}},
+]
+
+
+def test_run_diagnostics_average_over_iterations() -> None:
+    d = run_diagnostics(METRICS)
+    assert d["clip_frac"] == pytest.approx(0.2)
+    assert d["mean_abs_log_ratio"] == pytest.approx(0.03)
+    assert d["approx_kl"] == pytest.approx(2e-4)
+    assert d["mean_k"] == pytest.approx(2.0)
+    assert math.isnan(run_diagnostics([{"iteration": 1}])["clip_frac"])  # never logged: NaN, not 0
+
+
+def test_k_over_training_plot(tmp_path) -> None:  # noqa: ANN001
+    rows = [{"variant": v, "seed": 0, **r} for v in ("a", "b") for r in k_counts_of(METRICS)]
+    assert len(rows) == 8 and {r["k"] for r in rows} == {1, 2, 3}
+    path = plot_k_over_training(pd.DataFrame(rows), tmp_path / "k.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no K counts"):
+        plot_k_over_training(pd.DataFrame(rows).iloc[:0], tmp_path / "empty.png")
+
+
+def test_ablation_and_compare_pass_off_policy_settings(monkeypatch) -> None:  # noqa: ANN001
+    """--epochs / --minibatches-per-iter / --clip-eps reach every variant's TrainConfig overrides."""
+    from typer.testing import CliRunner
+
+    import benchmarks.cli as cli
+
+    seen: list[dict] = []
+    monkeypatch.setattr(cli, "_run_compare", lambda *a, **kw: seen.append(a[5]))
+    args = ["--model", "m", "--suite", "quick-columns", "--epochs", "3", "--minibatches-per-iter", "2",
+            "--clip-eps", "0.1", "--tasks-per-iter", "5", "--group-size", "6", "--eval-k", "2"]
+    for cmd in (["ablation"], ["compare", "--algos", "srpo,gspo"]):
+        res = CliRunner().invoke(cli.app, [*cmd, *args])
+        assert res.exit_code == 0, res.output
+    assert len(seen) == 2
+    for train in seen:
+        assert (train["epochs"], train["minibatches_per_iter"], train["clip_eps"]) == (3, 2, 0.1)
+        assert (train["tasks_per_iter"], train["group_size"]) == (5, 6)
+    res = CliRunner().invoke(cli.app, ["ablation", "--model", "m", "--suite", "quick-columns", "--eval-k", "2"])
+    assert "epochs" in seen[-1] and seen[-1]["epochs"] == 1 and "minibatches_per_iter" not in seen[-1]
