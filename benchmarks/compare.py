@@ -228,12 +228,12 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     k_df = pd.DataFrame(k_rows, columns=["variant", "seed", "iteration", "k", "count"])
     table = _summary_table(cfg, runs_df, evals)
     paths = _write_outputs(cfg, out, table, runs_df, curves_df)
-    if k_df["k"].nunique() > 1:  # K varies (routed suites): mean and histogram of chosen K over training
+    if cfg.workflow == "routed" and not k_df.empty:  # the router chooses K: its mean and histogram over training
         from benchmarks.report import plot_k_over_training
 
         paths["k_counts"] = write_csv(k_df, out / "k_over_training.csv")
         paths["k_over_training"] = plot_k_over_training(
-            k_df, out / "k_over_training.png", title=f"{cfg.suite}: team size K chosen in training rollouts"
+            k_df, out / "k_over_training.png", title=f"{cfg.suite}: K of every training event (route/aggregate events have K=1)"
         )
     paper_runs = [
         run_from_result(evals[(name, s)], START_LABEL if name == "start" else name, s)

@@ -27,9 +27,7 @@ holds and how it is re-checked lives in :mod:`leaderboards.evidence`.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import hashlib
 import importlib.metadata
 import json
 import math
@@ -43,6 +41,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic.types import FiniteFloat
+
+from srpo_common.hashing import canonical_json, sha256_bytes, sha256_file
 
 __all__ = [
     "Evidence",
@@ -463,42 +463,6 @@ class LeaderboardRecord(RecordContent):
     def short_hash(self) -> str:
         """First 12 hex digits: enough to tell records apart in file names and tables."""
         return self.record_hash[:12]
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, os.PathLike):
-        return Path(obj).as_posix()
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.asdict(obj)
-    if isinstance(obj, set | frozenset):
-        return sorted(obj, key=repr)
-    if isinstance(obj, dt.datetime | dt.date):
-        return obj.isoformat()
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return obj.item()
-    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays
-        return obj.tolist()
-    raise TypeError(f"cannot hash object of type {type(obj).__name__} as JSON")
-
-
-def canonical_json(obj: Any) -> str:
-    """Deterministic JSON (sorted keys, no whitespace, NaN forbidden) -- the input of every hash."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_json_default
-    )
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
-    """sha256 of a file's bytes, streamed so multi-GB weight files need no extra memory."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(chunk_size):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def hash_config(config: Mapping[str, Any]) -> str:

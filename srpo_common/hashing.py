@@ -7,6 +7,7 @@ only ``model.safetensors`` and one that also hashes shards) make the same model 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -19,10 +20,14 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
 def _json_default(obj: Any) -> Any:
+    if isinstance(obj, os.PathLike):
+        return Path(obj).as_posix()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, set | frozenset):
+        return sorted(obj, key=repr)
     if isinstance(obj, _dt.datetime | _dt.date):
         return obj.isoformat()
-    if isinstance(obj, Path):
-        return str(obj)
     if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
         return obj.item()
     if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays
