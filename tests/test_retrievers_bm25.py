@@ -179,15 +179,46 @@ def test_bundled_corpus_index_finds_nq_gold_passages(tmp_path):
     )
     assert hit / len(tasks) >= 0.8
     # Same ranking and scores as pyserini's own LuceneSearcher (which wraps the same Java class).
-    from pyserini.search.lucene import LuceneSearcher
-
-    ref = LuceneSearcher(str(r.index_dir))
-    ref.set_bm25(0.9, 0.4)
+    # pyserini.search.lucene imports torch, transformers, scikit-learn and an OpenAI client; in a
+    # process that has also run the rest of the suite, that import brought the interpreter down
+    # (SIGSEGV in torch's accelerator lookup while the JVM was live), so the reference search runs
+    # in its own interpreter, as a user's pyserini script would.
     queries = [t.question for t in tasks[:40]]
-    ref_hits = ref.batch_search(queries, [str(i) for i in range(len(queries))], k=10, threads=2)
+    ref_hits = _pyserini_reference(r.index_dir, queries, tmp_path)
     for i, hits in enumerate(r.search(queries, 10)):
-        assert [(h.id, round(h.score, 4)) for h in hits] == [
-            (h.docid, round(h.score, 4)) for h in ref_hits[str(i)]
-        ]
-    ref.close()
+        assert [(h.id, round(h.score, 4)) for h in hits] == [tuple(x) for x in ref_hits[i]]
     r.close()
+
+
+_PYSERINI_REFERENCE = """
+import json, sys
+from srpo_envs.retrievers.jvm import ensure_jvm
+ensure_jvm()
+from pyserini.search.lucene import LuceneSearcher
+index_dir, queries_file = sys.argv[1], sys.argv[2]
+queries = json.load(open(queries_file))
+ref = LuceneSearcher(index_dir)
+ref.set_bm25(0.9, 0.4)
+hits = ref.batch_search(queries, [str(i) for i in range(len(queries))], k=10, threads=2)
+print(json.dumps([[(h.docid, round(h.score, 4)) for h in hits[str(i)]] for i in range(len(queries))]))
+ref.close()
+"""
+
+
+def _pyserini_reference(index_dir, queries: list[str], tmp_path) -> list[list[list]]:
+    """pyserini's own BM25 ranking of ``queries`` over ``index_dir``, from a fresh interpreter."""
+    import json
+    import subprocess
+    import sys
+
+    qfile = tmp_path / "queries.json"
+    qfile.write_text(json.dumps(queries))
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", _PYSERINI_REFERENCE, str(index_dir), str(qfile)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
