@@ -31,6 +31,7 @@ from typing import Any
 from agents.policy import PolicyMap, SamplingParams
 from agents.prompts import RolePrompts
 from agents.rollout import RolloutBatch, RolloutCollector
+from srpo_common.signals import preserve_fatal_signal_handlers
 
 __all__ = [
     "HFPolicyFactory",
@@ -40,6 +41,7 @@ __all__ = [
     "RolloutWorkerPool",
     "distinct_models",
     "ensure_ray",
+    "shutdown_ray",
     "model_states",
     "split_tasks",
 ]
@@ -68,11 +70,20 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> Any:
     if ray.is_initialized():
         return ray
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if address:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=True)
+    # ray.init replaces the fatal-signal handlers an in-process JVM (BM25 search) depends on.
+    with preserve_fatal_signal_handlers():
+        if address:
+            ray.init(address=address, log_to_driver=True)
+        else:
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=True)
     return ray
+
+
+def shutdown_ray() -> None:
+    """``ray.shutdown()`` that leaves the process's fatal-signal handlers as they were."""
+    ray = _require_ray()
+    with preserve_fatal_signal_handlers():
+        ray.shutdown()
 
 
 def split_tasks(task_indices: Sequence[int], n: int) -> list[list[int]]:

@@ -38,7 +38,6 @@ def _env_kwargs() -> dict[str, Any]:
 
 def bench_rollout(model: str, tasks: int, group: int, iters: int, threads: int, max_new_tokens: int) -> dict:
     """Episodes/s in-process and with 1 and 2 Ray workers; Ray overhead per iteration and per broadcast."""
-    import ray
     import torch
 
     import srpo_envs
@@ -65,7 +64,9 @@ def bench_rollout(model: str, tasks: int, group: int, iters: int, threads: int, 
     local_s = time.perf_counter() - t0
     out["in_process_episodes_per_s"] = episodes / local_s
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from agents.ray_rollout import ensure_ray
+
+    ensure_ray(num_cpus=2)
     try:
         for n in (1, 2):
             pool = RolloutWorkerPool(factory, n, torch_threads=threads, num_cpus=2 / n)
@@ -85,7 +86,9 @@ def bench_rollout(model: str, tasks: int, group: int, iters: int, threads: int, 
                 out["ray_weight_broadcast_ms"] = 1000 * (time.perf_counter() - t0) / 3
             pool.shutdown()
     finally:
-        ray.shutdown()
+        from agents.ray_rollout import shutdown_ray
+
+        shutdown_ray()
     return out
 
 

@@ -27,10 +27,14 @@ def ray_runtime():
     """One small local Ray for the whole module (starting Ray costs seconds)."""
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        from agents.ray_rollout import ensure_ray
+
+        ensure_ray(num_cpus=2)
     yield ray
     if started:
-        ray.shutdown()
+        from agents.ray_rollout import shutdown_ray
+
+        shutdown_ray()
 
 
 def test_split_tasks_contiguous_and_balanced() -> None:
