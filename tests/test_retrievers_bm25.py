@@ -179,10 +179,9 @@ def test_bundled_corpus_index_finds_nq_gold_passages(tmp_path):
     )
     assert hit / len(tasks) >= 0.8
     # Same ranking and scores as pyserini's own LuceneSearcher (which wraps the same Java class).
-    # pyserini.search.lucene imports torch, transformers, scikit-learn and an OpenAI client; in a
-    # process that has also run the rest of the suite, that import brought the interpreter down
-    # (SIGSEGV in torch's accelerator lookup while the JVM was live), so the reference search runs
-    # in its own interpreter, as a user's pyserini script would.
+    # pyserini.search.lucene imports torch, transformers, scikit-learn and an OpenAI client (7-10 s,
+    # and a second copy of everything in this process), so the reference search runs in its own
+    # interpreter, as a user's pyserini script would.
     queries = [t.question for t in tasks[:40]]
     ref_hits = _pyserini_reference(r.index_dir, queries, tmp_path)
     for i, hits in enumerate(r.search(queries, 10)):
