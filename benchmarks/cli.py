@@ -308,6 +308,7 @@ def _train_overrides(
     tasks_per_iter: int,
     group_size: int,
     lr: float,
+    rows_per_batch: int,
     *,
     epochs: int | None = None,
     minibatches_per_iter: int | None = None,
@@ -322,6 +323,7 @@ def _train_overrides(
         "tasks_per_iter": tasks_per_iter,
         "group_size": group_size,
         "lr": lr,
+        "rows_per_batch": rows_per_batch,
     }
     if epochs is not None:
         out["epochs"] = epochs
@@ -384,18 +386,16 @@ def compare_cmd(
     unknown = [a for a in names if a not in ALGORITHMS]
     if unknown:
         raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(ALGORITHMS)}")
-    train = {
-        **_train_overrides(
-            iterations,
-            tasks_per_iter,
-            group_size,
-            lr,
-            epochs=epochs,
-            minibatches_per_iter=minibatches_per_iter,
-            clip_eps=clip_eps,
-        ),
-        "rows_per_batch": rows_per_batch,
-    }
+    train = _train_overrides(
+        iterations,
+        tasks_per_iter,
+        group_size,
+        lr,
+        rows_per_batch,
+        epochs=epochs,
+        minibatches_per_iter=minibatches_per_iter,
+        clip_eps=clip_eps,
+    )
     _run_compare(
         model,
         out,
@@ -434,18 +434,16 @@ def ablation_cmd(
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1."""
     from benchmarks.presets import ABLATIONS
 
-    train = {
-        **_train_overrides(
-            iterations,
-            tasks_per_iter,
-            group_size,
-            lr,
-            epochs=epochs,
-            minibatches_per_iter=minibatches_per_iter,
-            clip_eps=clip_eps,
-        ),
-        "rows_per_batch": rows_per_batch,
-    }
+    train = _train_overrides(
+        iterations,
+        tasks_per_iter,
+        group_size,
+        lr,
+        rows_per_batch,
+        epochs=epochs,
+        minibatches_per_iter=minibatches_per_iter,
+        clip_eps=clip_eps,
+    )
     _run_compare(
         model,
         out,

@@ -32,17 +32,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from srpo_envs.retrievers.base import (
-    Passage,
     Retriever,
     atomic_write_text,
     file_lock,
-    open_text,
-    passage_from_record,
+    iter_corpus_jsonl,
     settings_key,
 )
 
@@ -51,25 +49,6 @@ MANIFEST_FORMAT = 1
 BACKENDS = ("bm25", "dense")
 #: Passages per shard: a shard is the unit of resume (and of one embedding call for dense).
 DEFAULT_BATCH = 50_000
-
-
-def iter_corpus(path: str | os.PathLike[str]) -> Iterator[Passage]:
-    """Stream validated passages from a corpus JSONL(.gz); duplicate ids and bad lines are errors."""
-    seen: set[str] = set()
-    with open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
-            p = passage_from_record(rec, where)
-            if p.id in seen:
-                raise ValueError(f"{where}: duplicate passage id {p.id!r}")
-            seen.add(p.id)
-            yield p
 
 
 def _progress(total: int | None, desc: str, enabled: bool) -> Any:
@@ -111,7 +90,7 @@ def _write_shards(corpus: Path, out: Path, batch_size: int, progress: bool) -> t
 
     bar = _progress(None, f"reading {corpus.name}", progress)
     try:
-        for p in iter_corpus(corpus):
+        for p in iter_corpus_jsonl(corpus):
             h.update(json.dumps([p.id, p.title, p.text], ensure_ascii=False).encode("utf-8"))
             h.update(b"\n")
             buf.append(json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n")

@@ -17,6 +17,7 @@ from srpo_envs.retrievers.base import (
     ServerLimits,
     corpus_fingerprint,
     default_cache_dir,
+    iter_corpus_jsonl,
     load_corpus_jsonl,
     write_corpus_jsonl,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "create_app",
     "default_cache_dir",
     "ensure_jvm",
+    "iter_corpus_jsonl",
     "load_corpus_jsonl",
     "make_retriever",
     "write_corpus_jsonl",
