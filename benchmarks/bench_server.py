@@ -1,8 +1,8 @@
 """Load test of the retrieval server: latency percentiles and throughput before/after dynamic batching.
 
 Starts the server as a separate process on loopback (so client threads and the server do not share
-a GIL), fires ``--requests`` POST /retrieve calls from ``--clients`` threads (one httpx client each),
-and prints p50/p90/p99 latency, req/s and q/s and the error count for each server variant:
+a GIL), fires ``--requests`` POST /retrieve calls from ``--clients`` threads, and prints p50/p90/p99
+latency, req/s and q/s, the error count, and the server's CPU time per request for each variant:
 
 * ``after``  - the server as shipped: one search thread drains concurrent requests into one
   backend call (``create_app(batching=True)``);
@@ -16,7 +16,22 @@ It also calls the backend directly in-process on the same queries - one query pe
 >= 0.8x with 16+ clients at one query per request). Bounded in count and time: it stops issuing
 requests after ``--max-seconds`` whatever is left. Exit status 1 if any request failed.
 
-    python -m benchmarks.bench_server                      # 2,000 requests, 16 clients, BM25, bundled corpus
+How it keeps the comparison fair, because client, server and Lucene share the machine's cores:
+
+* **A cheap client.** Each client thread keeps one persistent ``http.client.HTTPConnection`` and
+  sends pre-encoded bodies; it still parses every response and checks its shape. (One ``httpx``
+  client per thread cost several times the CPU per request, which on a 2-core machine was taken
+  from the server being measured.) The client's own CPU time per request is printed too.
+* **Both sides warm.** The JVM compiles Lucene's hot paths during the first several thousand
+  searches (its compiler thread took ~1.5 s of CPU in a cold server's first 5 s under load), and a
+  retrieval server runs for hours, so the direct baseline and every server are first run on
+  ``--warmup`` queries, one per call / request, before anything is timed.
+* **Like with like.** The same queries, ``topk`` and ``return_scores``; the ratio is the server's
+  q/s at ``--queries-per-request`` (default 1) over the direct q/s at one query per call.
+* The 1-minute load average is printed before and after each row: other work on the machine
+  lowers every number, so compare rows measured at a similar load.
+
+    python -m benchmarks.bench_server                      # 5,000 requests, 16 clients, BM25, bundled corpus
     python -m benchmarks.bench_server --modes after --url http://host:8000  # against a server you started
     git archive HEAD~1 | (mkdir -p /tmp/old && tar -x -C /tmp/old)
     python -m benchmarks.bench_server --before-src /tmp/old
@@ -26,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import os
 import socket
 import statistics
@@ -37,8 +53,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 
 def free_port() -> int:
@@ -137,14 +155,27 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def direct_qps(
-    backend: str, corpus: str | None, cache_dir: str | None, queries: list[str], n: int, topk: int, batch: int
+    backend: str,
+    corpus: str | None,
+    cache_dir: str | None,
+    queries: list[str],
+    n: int,
+    topk: int,
+    batch: int,
+    warmup: int = 0,
 ) -> dict[str, float]:
-    """q/s of calling the backend in-process: one query per call, and ``batch`` queries per call."""
+    """q/s of calling the backend in-process: one query per call, and ``batch`` queries per call.
+
+    ``warmup`` queries (one per call, then the same in batches) run first, untimed, as the servers get.
+    """
     retriever = _make_backend(backend, corpus, cache_dir)
     try:
         qs = [queries[i % len(queries)] for i in range(n)]
-        for q in qs[:50]:  # warm-up (JIT, page cache)
+        warm = [queries[i % len(queries)] for i in range(max(warmup, 50))]  # JIT, page cache
+        for q in warm:
             retriever.search([q], topk)
+        for i in range(0, len(warm), batch):
+            retriever.search(warm[i : i + batch], topk)
         t0 = time.perf_counter()
         for q in qs:
             retriever.search([q], topk)
@@ -156,6 +187,14 @@ def direct_qps(
     finally:
         retriever.close()
     return {"single": single, "batched": batched}
+
+
+def _loadavg() -> str:
+    """The 1-minute load average ("?" where the OS has none): other work skews every number here."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "?"
 
 
 def sample_queries() -> list[str]:
@@ -173,6 +212,26 @@ def load_test(
     per_request: int,
     max_seconds: float,
 ) -> dict[str, float]:
+    """Fire ``n_requests`` from ``clients`` threads, each on one persistent HTTP/1.1 connection.
+
+    Bodies are encoded up front and responses parsed with orjson, so the client spends as little of
+    the shared CPU as it can while still checking every answer (status 200, one result list per query).
+    """
+    parsed = urlsplit(url)
+    if parsed.scheme != "http" or not parsed.hostname:
+        raise ValueError(f"--url must be http://host:port, got {url!r}")
+    host, port, path = parsed.hostname, parsed.port or 80, parsed.path.rstrip("/") + "/retrieve"
+    bodies = [
+        orjson.dumps(
+            {
+                "queries": [queries[(i * per_request + j) % len(queries)] for j in range(per_request)],
+                "topk": topk,
+                "return_scores": True,
+            }
+        )
+        for i in range(min(n_requests, len(queries)))
+    ]
+    headers = {"Content-Type": "application/json"}
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -180,27 +239,39 @@ def load_test(
     deadline = time.monotonic() + max_seconds
 
     def worker() -> None:
-        with httpx.Client(timeout=30.0) as client:
+        conn: http.client.HTTPConnection | None = None
+        try:
             while time.monotonic() < deadline:
                 with lock:
                     i = next_idx[0]
                     if i >= n_requests:
                         return
                     next_idx[0] += 1
-                batch = [queries[(i * per_request + j) % len(queries)] for j in range(per_request)]
                 t0 = time.perf_counter()
                 try:
-                    resp = client.post(
-                        f"{url}/retrieve", json={"queries": batch, "topk": topk, "return_scores": True}
-                    )
-                    ok = resp.status_code == 200 and len(resp.json()["result"]) == per_request
-                    err = "" if ok else f"HTTP {resp.status_code}: {resp.text[:200]}"
+                    if conn is None:
+                        conn = http.client.HTTPConnection(host, port, timeout=30.0)
+                    conn.request("POST", path, bodies[i % len(bodies)], headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    ok = resp.status == 200 and len(orjson.loads(data)["result"]) == per_request
+                    err = "" if ok else f"HTTP {resp.status}: {data[:200]!r}"
+                    if resp.will_close:
+                        conn.close()
+                        conn = None
                 except Exception as exc:  # noqa: BLE001 - every failure is counted, none stops the run
                     err = f"{type(exc).__name__}: {exc}"
+                    if conn is not None:
+                        conn.close()
+                        conn = None
                 dt = time.perf_counter() - t0
                 with lock:
                     (errors.append(err) if err else latencies.append(dt))
+        finally:
+            if conn is not None:
+                conn.close()
 
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
     for t in threads:
@@ -208,6 +279,7 @@ def load_test(
     for t in threads:
         t.join(max_seconds + 60)
     wall = time.perf_counter() - t0
+    client_cpu = time.process_time() - cpu0
     done = len(latencies)
     q = statistics.quantiles(latencies, n=100, method="inclusive") if done >= 2 else [float("nan")] * 99
     if errors:
@@ -223,6 +295,7 @@ def load_test(
         "p90_ms": q[89] * 1e3,
         "p99_ms": q[98] * 1e3,
         "max_ms": max(latencies, default=float("nan")) * 1e3,
+        "client_cpu_ms_per_request": client_cpu * 1e3 / max(1, done + len(errors)),
     }
 
 
@@ -232,12 +305,18 @@ def main() -> int:
     ap.add_argument("--backend", default="bm25", choices=["bm25", "dense"])
     ap.add_argument("--corpus", help="corpus JSONL (default: bundled)")
     ap.add_argument("--cache-dir")
-    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--topk", type=int, default=3)
     ap.add_argument("--queries-per-request", type=int, default=1)
     ap.add_argument("--max-concurrency", type=int, default=16, help="server: requests searched at once")
     ap.add_argument("--max-seconds", type=float, default=120.0, help="hard stop for issuing requests")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=10_000,
+        help="untimed queries first, for the direct baseline and each server (JVM JIT; see above)",
+    )
     ap.add_argument(
         "--modes", default="before,after", help="comma list of server variants: before, after, before-src"
     )
@@ -259,11 +338,13 @@ def main() -> int:
     queries = sample_queries()
     print(
         f"{args.clients} clients, topk={args.topk}, {args.queries_per_request} query/request, "
-        f"{args.requests} requests, server max_concurrency={args.max_concurrency}, {os.cpu_count()} CPUs"
+        f"{args.requests} requests after {args.warmup} warm-up queries, "
+        f"server max_concurrency={args.max_concurrency}, {os.cpu_count()} CPUs"
     )
     direct: dict[str, float] = {}
     if not args.no_direct and not args.url:
-        n = min(args.requests * args.queries_per_request, 4000)
+        n = min(args.requests * args.queries_per_request, 20_000)
+        load0 = _loadavg()
         direct = direct_qps(
             args.backend,
             args.corpus,
@@ -272,10 +353,12 @@ def main() -> int:
             n,
             args.topk,
             args.clients * args.queries_per_request,
+            warmup=args.warmup,
         )
         print(
             f"direct {args.backend} in-process: {direct['single']:.0f} q/s one query per call, "
-            f"{direct['batched']:.0f} q/s {args.clients * args.queries_per_request} queries per call"
+            f"{direct['batched']:.0f} q/s {args.clients * args.queries_per_request} queries per call "
+            f"| load average {load0} -> {_loadavg()}"
         )
     failed = False
     for mode in modes:
@@ -293,10 +376,11 @@ def main() -> int:
         t_start = time.perf_counter()
         with ctx as url:
             ready = time.perf_counter() - t_start
-            load_test(
-                url, queries, min(50, args.requests), args.clients, args.topk, args.queries_per_request, 30
-            )  # warm-up
-            cpu0 = httpx.get(f"{url}/health", timeout=10.0).json().get("cpu_s")
+            warm = max(50, args.warmup // args.queries_per_request)
+            load_test(url, queries, warm, args.clients, args.topk, args.queries_per_request, args.max_seconds)
+            health0 = httpx.get(f"{url}/health", timeout=10.0).json()
+            cpu0 = health0.get("cpu_s")
+            load0 = _loadavg()
             r = load_test(
                 url,
                 queries,
@@ -318,19 +402,17 @@ def main() -> int:
             f"{r['req_per_s']:5.0f} req/s {r['queries_per_s']:5.0f} q/s | {r['requests_ok']} ok "
             f"{r['errors']} errors {r['not_sent']} not sent | ready in {ready:.1f}s{ratio}"
         )
-        notes = []
+        notes = [f"load average {load0} -> {_loadavg()}"]
         if cpu0 is not None and r["requests_ok"]:
             cpu = health["cpu_s"] - cpu0
-            notes.append(
-                f"server CPU {cpu * 1e3 / r['requests_ok']:.2f} ms/request, {cpu / r['wall_s']:.2f} cores busy"
-            )
+            ms = cpu * 1e3 / r["requests_ok"]
+            notes.append(f"server CPU {ms:.2f} ms/request, {cpu / r['wall_s']:.2f} cores busy")
+        notes.append(f"client CPU {r['client_cpu_ms_per_request']:.2f} ms/request")
         if health.get("batches"):
-            notes.append(
-                f"{health['served'] / health['batches']:.1f} requests per backend call on average "
-                f"(largest {health['largest_batch']}, warm-up included)"
-            )
-        if notes:
-            print(f"{'':>10}  " + "; ".join(notes))
+            per_call = (health["served"] - health0["served"]) / max(1, health["batches"] - health0["batches"])
+            largest = health["largest_batch"]
+            notes.append(f"{per_call:.1f} requests per backend call (largest {largest}, warm-up included)")
+        print(f"{'':>10}  " + "; ".join(notes))
         failed |= mode == "after" and bool(r["errors"])  # "before" rows may fail: that is the bug
         if args.url:
             break

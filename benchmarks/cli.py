@@ -274,6 +274,8 @@ def _run_compare(
     eval_k: int,
     eval_limit: int,
     title: str,
+    workers: int = 0,
+    ray_address: str | None = None,
 ) -> Any:
     from benchmarks.compare import CompareConfig, run_comparison
     from benchmarks.model_source import ModelNotAvailable, resolve_model
@@ -295,6 +297,8 @@ def _run_compare(
         train=train,
         eval_k=eval_k,
         eval_limit=eval_limit,
+        workers=workers,
+        ray_address=ray_address,
     )
     result = run_comparison(cfg, log=typer.echo)
     _print_comparison(result, title)
@@ -337,6 +341,11 @@ def _train_overrides(
 _EPOCHS_HELP = "passes over each rollout batch (> 1: off-policy updates; default: the quick preset's 1)"
 _MINIBATCHES_HELP = "split each rollout batch into this many minibatches (overrides --rows-per-batch)"
 _CLIP_HELP = "ratio clip range shared by every variant (default: TrainConfig's 0.2)"
+_WORKERS_HELP = (
+    "train/evaluate this many runs at a time as Ray tasks, each with an equal share of the cores "
+    "(0: one after another in this process)"
+)
+_RAY_ADDRESS_HELP = "Ray cluster for --workers (default: $RAY_ADDRESS, else a local Ray)"
 
 
 def _eval_k(suite: str, k: int | None) -> int:
@@ -378,6 +387,8 @@ def compare_cmd(
     epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
     minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
     clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
+    workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
+    ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
 ) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy."""
     from benchmarks.presets import BASELINES as ALGORITHMS
@@ -406,6 +417,8 @@ def compare_cmd(
         _eval_k(suite, eval_k),
         eval_limit,
         f"{suite}: algorithms",
+        workers,
+        ray_address,
     )
 
 
@@ -430,6 +443,8 @@ def ablation_cmd(
     epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
     minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
     clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
+    workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
+    ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
 ) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1."""
     from benchmarks.presets import ABLATIONS
@@ -454,6 +469,8 @@ def ablation_cmd(
         _eval_k(suite, eval_k),
         eval_limit,
         "SRPO normalisation ablation",
+        workers,
+        ray_address,
     )
 
 

@@ -17,8 +17,9 @@ K=1), runnable as ``srpo bench ablation``.
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ class CompareConfig:
     eval_limit: int | None = 32
     temperature: float = 1.0
     max_new_tokens: int = 48
+    workers: int = 0  # 0: every run in this process; N: N runs at a time as Ray tasks
+    ray_address: str | None = None  # Ray cluster for the workers (default: $RAY_ADDRESS, else a local Ray)
 
 
 @dataclass
@@ -130,102 +133,173 @@ def _macro_accuracy(result: EvalResult) -> float:
     return float(result.macro["avg@k"])
 
 
+def _run_eval(cfg: CompareConfig, policies: PolicyMap, seed: int, label: str) -> EvalResult:
+    """Evaluate ``policies`` on the suite; cached per sample under OUT/cache, keyed by the weights
+    actually evaluated (a trained policy has no file to hash, so its parameters are hashed in
+    memory): a rerun resumes."""
+    out = Path(cfg.out_dir)
+    result = evaluate(
+        policies,
+        cfg.suite,
+        cfg.workflow,
+        cfg.eval_k,
+        sampling=SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
+        limit=cfg.eval_limit,
+        seed=seed,
+        progress=False,
+        cache_dir=out / "cache",
+        cache_key=_weights_key(policies),
+    )
+    result.run_info["method"] = label
+    result.save(out / "evals" / _safe(label) / f"seed{seed}")
+    return result
+
+
+@dataclass
+class RunOutput:
+    """What one (variant, seed) job hands back: its row of ``comparison.csv`` (without the "before"
+    columns, which come from the start model's evaluation), curve and K rows, and its evaluation."""
+
+    run: dict[str, Any]
+    curves: list[dict[str, Any]]
+    k_rows: list[dict[str, Any]]
+    result: EvalResult
+
+
+def train_and_evaluate(
+    cfg: CompareConfig, name: str, overrides: Mapping[str, Any], seed: int, torch_threads: int = 0
+) -> RunOutput:
+    """Train ``name`` with ``seed`` from ``cfg.model``, then evaluate it: one job of a comparison.
+
+    Self-contained (it reads only ``cfg`` and the model directory, writes only under its own run
+    directory and the shared per-sample cache), so jobs can run in any order and in other processes
+    (Ray tasks with ``cfg.workers``). ``torch_threads`` > 0 sets torch's intra-op threads first.
+    """
+    if torch_threads > 0:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+    t0 = time.perf_counter()
+    train_cfg = TrainConfig(
+        model=cfg.model,
+        out_dir=str(Path(cfg.out_dir) / "runs" / f"{name}-s{seed}"),
+        env_id=cfg.env_id,
+        env_kwargs={"workflow": cfg.workflow, **cfg.env_kwargs},
+        seed=seed,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        **{"eval_every": 0, "save_every": 0, **cfg.train, **overrides},
+    )
+    trainer = Trainer(train_cfg, log=None)
+    if trainer.metrics_path.exists():
+        trainer.metrics_path.unlink()
+    history = trainer.train()
+    t1 = time.perf_counter()
+    metrics = ckpt.read_metrics(trainer.metrics_path)  # what the run logged, one row per iteration
+    result = _run_eval(cfg, trainer.policies, seed, name)
+    curves = [
+        {
+            "variant": name,
+            "seed": seed,
+            "iteration": h["iteration"],
+            "train_accuracy": h["train_accuracy"],
+            "reward_mean": h["reward_mean"],
+        }
+        for h in history
+        if "train_accuracy" in h
+    ]
+    run = {
+        "variant": name,
+        "seed": seed,
+        "after": _macro_accuracy(result),
+        "train_s": round(t1 - t0, 1),
+        "eval_s": round(time.perf_counter() - t1, 1),
+        **run_diagnostics(metrics),
+    }
+    k_rows = [{"variant": name, "seed": seed, **r} for r in k_counts_of(metrics)]
+    return RunOutput(run, curves, k_rows, result)
+
+
+def _jobs(
+    cfg: CompareConfig, say: Callable[[str], None]
+) -> Iterator[tuple[tuple[str, int], RunOutput]]:
+    """Every (variant, seed) job's output as it finishes: in this process one after another, or with
+    ``cfg.workers`` > 0 as Ray tasks, at most ``workers`` at a time, each with an equal share of this
+    machine's cores as torch threads (a 2.4M-parameter model uses two threads poorly; two runs side by
+    side use two cores well). ``max_calls=1``: each task gets a fresh worker process, so a finished
+    run's memory is returned before the next one starts."""
+    jobs = [(name, seed) for name in cfg.variants for seed in cfg.seeds]
+    if cfg.workers <= 0:
+        for name, seed in jobs:
+            yield (name, seed), train_and_evaluate(cfg, name, cfg.variants[name], seed)
+        return
+    from agents.ray_rollout import ensure_ray, shutdown_ray
+
+    threads = max(1, (os.cpu_count() or 1) // cfg.workers)
+    started_here = not _ray_initialized()
+    ray = ensure_ray(cfg.ray_address, num_cpus=cfg.workers * threads)
+    remote = ray.remote(num_cpus=threads, max_calls=1)(train_and_evaluate)
+    say(f"{len(jobs)} runs on {cfg.workers} Ray workers ({threads} torch thread(s) each)")
+    try:
+        pending = {
+            remote.remote(cfg, name, cfg.variants[name], seed, threads): (name, seed) for name, seed in jobs
+        }
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            key = pending.pop(done[0])
+            yield key, ray.get(done[0])
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started_here:
+            shutdown_ray()
+
+
+def _ray_initialized() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return bool(ray.is_initialized())
+
+
 def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print) -> ComparisonResult:
-    """Train every variant for every seed from ``cfg.model``; evaluate before and after."""
+    """Train every variant for every seed from ``cfg.model``; evaluate before and after.
+
+    The start model is evaluated here, in this process (so ``srpo leaderboard reproduce`` regenerates
+    its samples exactly); the (variant, seed) jobs run here or on Ray workers (``cfg.workers``)."""
     from agents.hf import HFPolicy
 
     say = log or (lambda s: None)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-    env_kwargs = {"workflow": cfg.workflow, **cfg.env_kwargs}
-
-    def run_eval(policies: PolicyMap, seed: int, label: str) -> EvalResult:
-        # cached per sample under OUT/cache, keyed by the weights actually evaluated (a trained
-        # policy has no file to hash, so its parameters are hashed in memory): a rerun resumes
-        result = evaluate(
-            policies,
-            cfg.suite,
-            cfg.workflow,
-            cfg.eval_k,
-            sampling=sampling,
-            limit=cfg.eval_limit,
-            seed=seed,
-            progress=False,
-            cache_dir=out / "cache",
-            cache_key=_weights_key(policies),
-        )
-        result.run_info["method"] = label
-        result.save(out / "evals" / _safe(label) / f"seed{seed}")
-        return result
-
-    runs: list[dict[str, Any]] = []
     evals: dict[tuple[str, int], EvalResult] = {}
-    curves: list[dict[str, Any]] = []
-    k_rows: list[dict[str, Any]] = []
     start = HFPolicy(cfg.model)
     for seed in cfg.seeds:
         t0 = time.perf_counter()
-        evals[("start", seed)] = run_eval(PolicyMap.shared(start), seed, START_LABEL)
+        evals[("start", seed)] = _run_eval(cfg, PolicyMap.shared(start), seed, START_LABEL)
         say(
             f"start model, eval seed {seed}: {cfg.suite} avg@{cfg.eval_k} = "
             f"{_macro_accuracy(evals[('start', seed)]):.3f} ({time.perf_counter() - t0:.0f}s)"
         )
-    for name, overrides in cfg.variants.items():
-        for seed in cfg.seeds:
-            t0 = time.perf_counter()
-            train_cfg = TrainConfig(
-                model=cfg.model,
-                out_dir=str(out / "runs" / f"{name}-s{seed}"),
-                env_id=cfg.env_id,
-                env_kwargs=env_kwargs,
-                seed=seed,
-                temperature=cfg.temperature,
-                max_new_tokens=cfg.max_new_tokens,
-                **{"eval_every": 0, "save_every": 0, **cfg.train, **overrides},
-            )
-            trainer = Trainer(train_cfg, log=None)
-            if trainer.metrics_path.exists():
-                trainer.metrics_path.unlink()
-            history = trainer.train()
-            t1 = time.perf_counter()
-            metrics = ckpt.read_metrics(trainer.metrics_path)  # what the run logged, one row per iteration
-            k_rows += [{"variant": name, "seed": seed, **r} for r in k_counts_of(metrics)]
-            result = run_eval(trainer.policies, seed, name)
-            evals[(name, seed)] = result
-            before, after = _macro_accuracy(evals[("start", seed)]), _macro_accuracy(result)
-            runs.append(
-                {
-                    "variant": name,
-                    "seed": seed,
-                    "before": before,
-                    "after": after,
-                    "delta": after - before,
-                    "train_s": round(t1 - t0, 1),
-                    "eval_s": round(time.perf_counter() - t1, 1),
-                    **run_diagnostics(metrics),
-                }
-            )
-            for h in history:
-                if "train_accuracy" in h:
-                    curves.append(
-                        {
-                            "variant": name,
-                            "seed": seed,
-                            "iteration": h["iteration"],
-                            "train_accuracy": h["train_accuracy"],
-                            "reward_mean": h["reward_mean"],
-                        }
-                    )
-            diag = runs[-1]
-            say(
-                f"{name} seed {seed}: {before:.3f} -> {after:.3f} (train {t1 - t0:.0f}s; "
-                f"clip_frac {diag['clip_frac']:.3f}, |L_e| {diag['mean_abs_log_ratio']:.4f}, "
-                f"approx_kl {diag['approx_kl']:.5f})"
-            )
-    runs_df = pd.DataFrame(runs)
-    curves_df = pd.DataFrame(curves)
-    k_df = pd.DataFrame(k_rows, columns=["variant", "seed", "iteration", "k", "count"])
+    del start
+    outputs: dict[tuple[str, int], RunOutput] = {}
+    for (name, seed), res in _jobs(cfg, say):
+        before = _macro_accuracy(evals[("start", seed)])
+        res.run = {"before": before, "delta": res.run["after"] - before, **res.run}
+        outputs[(name, seed)] = res
+        evals[(name, seed)] = res.result
+        diag = res.run
+        say(
+            f"{name} seed {seed}: {before:.3f} -> {diag['after']:.3f} (train {diag['train_s']:.0f}s; "
+            f"clip_frac {diag['clip_frac']:.3f}, |L_e| {diag['mean_abs_log_ratio']:.4f}, "
+            f"approx_kl {diag['approx_kl']:.5f})"
+        )
+    ordered = [outputs[(name, seed)] for name in cfg.variants for seed in cfg.seeds]  # job order, always
+    column_order = ["variant", "seed", "before", "after", "delta", "train_s", "eval_s", *UPDATE_DIAGNOSTICS]
+    runs_df = pd.DataFrame([o.run for o in ordered])[column_order]
+    curves_df = pd.DataFrame([c for o in ordered for c in o.curves])
+    k_df = pd.DataFrame([r for o in ordered for r in o.k_rows], columns=["variant", "seed", "iteration", "k", "count"])
     table = _summary_table(cfg, runs_df, evals)
     paths = _write_outputs(cfg, out, table, runs_df, curves_df)
     if cfg.workflow == "routed" and not k_df.empty:  # the router chooses K: its mean and histogram over training

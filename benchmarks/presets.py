@@ -20,6 +20,10 @@ _CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
 BUNDLED_MODEL = _CHECKPOINTS / "mini-sft"
 BUNDLED_SEARCH_MODEL = _CHECKPOINTS / "mini-search-sft"
 BUNDLED_COLUMNS_MODEL = _CHECKPOINTS / "mini-columns-sft"
+#: The invented world quick-search's RL runs train in: ``srpo_envs.tasks.knowledge_base.SFT_WORLD_SEED_BASE``,
+#: the first of the search warm start's training worlds (its BM25 index is cached after the first run),
+#: never the suite's evaluation world (``benchmarks.suites.QUICK_SEARCH_EVAL_KB_SEED``).
+QUICK_SEARCH_TRAIN_KB_SEED = 1000
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,14 @@ TRAINING_ENVS: dict[str, TrainingEnv] = {
         BUNDLED_COLUMNS_MODEL,
         "columns",
     ),
-    "quick-search": TrainingEnv("MultiTurnSearch-v0", "parallel", {}, BUNDLED_SEARCH_MODEL, "search"),
+    # RL in one of the warm start's training worlds; the suite evaluates in an unseen one
+    "quick-search": TrainingEnv(
+        "MultiTurnSearch-v0",
+        "parallel",
+        {"kb_seed": QUICK_SEARCH_TRAIN_KB_SEED},
+        BUNDLED_SEARCH_MODEL,
+        "search",
+    ),
     # the routed column suite: K varies per event (the router sends 1..3 proposers) and each member
     # costs ROUTED_MEMBER_COST of team reward, so the router has a reason to choose
     "quick-columns-routed": TrainingEnv(

@@ -13,7 +13,8 @@ Registered suites (:data:`SUITES`):
   a CPU-scale smoke benchmark a tiny model can move on;
 * ``quick-columns``: column addition (2 and 3 digits), test split: every held-out problem uses only
   facts training problems use, the suite where RL on training problems can move held-out accuracy;
-* ``quick-search``: the test questions of the procedural knowledge base (``dataset="kb"``);
+* ``quick-search``: the test questions of the procedural knowledge base (``dataset="kb"``) in a
+  world no warm start or RL run trains in (:data:`QUICK_SEARCH_EVAL_KB_SEED`);
 * routed variants ``math-routed``, ``search-routed`` and ``quick-columns-routed``: the same datasets,
   run by default with the ``routed`` workflow (a router sends 1..n proposers/searchers) and a
   per-member cost (:data:`ROUTED_MEMBER_COST`) in the team reward, so their tables report the chosen
@@ -427,21 +428,28 @@ register_suite(
         "Procedural arithmetic test split (one-digit operands), difficulties 1 and 2 (<= 64 problems each).",
     )
 )
+
+
+def _columns_datasets(extra_env_kwargs: dict[str, Any]) -> tuple[SuiteDataset, ...]:
+    """Column addition of two 2- and 3-digit numbers, test split (<= 128 problems each)."""
+    return tuple(
+        SuiteDataset(
+            f"columns-d{d}",
+            "math",
+            "procedural-columns",
+            split="test",
+            limit=128,
+            env_id="MathVerify-v0",
+            env_kwargs={"difficulty": d, **extra_env_kwargs},
+        )
+        for d in (2, 3)
+    )
+
+
 register_suite(
     Suite(
         "quick-columns",
-        tuple(
-            SuiteDataset(
-                f"columns-d{d}",
-                "math",
-                "procedural-columns",
-                split="test",
-                limit=128,
-                env_id="MathVerify-v0",
-                env_kwargs={"difficulty": d},
-            )
-            for d in (2, 3)
-        ),
+        _columns_datasets({}),
         "Column addition of two 2- and 3-digit numbers, test split (<= 128 problems each): held-out "
         "problems use the same one-digit facts as training ones, so a skill learned by RL carries over.",
     )
@@ -449,28 +457,21 @@ register_suite(
 register_suite(
     Suite(
         "quick-columns-routed",
-        tuple(
-            SuiteDataset(
-                f"columns-d{d}",
-                "math",
-                "procedural-columns",
-                split="test",
-                limit=128,
-                env_id="MathVerify-v0",
-                env_kwargs={"difficulty": d, "member_cost": ROUTED_MEMBER_COST},
-            )
-            for d in (2, 3)
-        ),
+        _columns_datasets({"member_cost": ROUTED_MEMBER_COST}),
         "quick-columns with a router choosing 1..n proposers and a per-member cost: the CPU-scale suite "
         "where the set size K varies between events.",
         default_workflow="routed",
     )
 )
+#: The invented world quick-search evaluates in: never a training world of the warm start or of RL.
+QUICK_SEARCH_EVAL_KB_SEED = 1
+
 register_suite(
     Suite(
         "quick-search",
-        (_search("kb", "kb", split="test", limit=64, env_kwargs={"kb_seed": 0}),),
-        "Procedural knowledge-base test questions (1- and 2-hop) over the KB's own passages.",
+        (_search("kb", "kb", split="test", limit=64, env_kwargs={"kb_seed": QUICK_SEARCH_EVAL_KB_SEED}),),
+        "Procedural knowledge-base test questions (1- and 2-hop) in an invented world no training run "
+        "has seen (kb_seed 1): the team has to search and read to answer.",
         default_workflow="parallel",
     )
 )

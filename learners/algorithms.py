@@ -4,7 +4,8 @@ The trainer never branches on the algorithm's name: it reads the :class:`Algorit
 under ``TrainConfig.algo`` and calls the estimator from :data:`learners.advantages.ADV_ESTIMATORS`
 and the loss from :data:`learners.losses.POLICY_LOSSES` named there. ``defaults`` fill the
 :class:`~learners.trainer.TrainConfig` fields the user left unset (``None``), e.g. Dr.GRPO's
-aggregation and advantage scale. An algorithm with ``critic=True`` gets a centralised value critic
+aggregation and advantage scale, GSPO's clip range (``clip_eps`` / ``clip_eps_high``; a user's
+``clip_eps`` replaces both, see :meth:`~learners.trainer.TrainConfig.clip_range`). An algorithm with ``critic=True`` gets a centralised value critic
 (its estimator receives the critic's per-event values).
 
 Adding an algorithm = registering its estimator and/or loss and one :func:`register_algorithm`
@@ -40,7 +41,8 @@ class Algorithm:
     Attributes:
         estimator: name in :data:`learners.advantages.ADV_ESTIMATORS`.
         loss: name in :data:`learners.losses.POLICY_LOSSES`.
-        defaults: values for the ``TrainConfig`` fields left ``None`` (``agg``, ``adv_scale``...).
+        defaults: values for the ``TrainConfig`` fields left ``None`` (``agg``, ``adv_scale``,
+            ``clip_eps``, ``clip_eps_high``...).
         critic: train a centralised value critic beside the policy (MAPPO).
         description: one line for ``--help``.
     """
@@ -93,7 +95,16 @@ register_algorithm(
     defaults={"agg": "seq-mean-token-sum-norm", "adv_scale": "none"},
     description="GRPO without std division and with a constant length normaliser",
 )
-register_algorithm("gspo", "grpo", "gspo", description="sequence-level, length-normalised ratio and clip")
+register_algorithm(
+    "gspo",
+    "grpo",
+    "gspo",
+    # The paper's clip range (Zheng et al. 2025): the ratio is a geometric mean over the
+    # output's tokens, so it stays within ~1e-3 of 1 where a token ratio moves by ~0.1; PPO's 0.2
+    # would almost never clip it.
+    defaults={"clip_eps": 3e-4, "clip_eps_high": 4e-4},
+    description="sequence-level, length-normalised ratio and clip (clip 3e-4 / 4e-4)",
+)
 register_algorithm("dr-mas", "dr-mas", "grpo", description="agent-wise advantage normalisation")
 register_algorithm("at-grpo", "at-grpo", "grpo", description="groups keyed by agent and turn")
 register_algorithm("rloo", "rloo", "grpo", description="leave-one-out baseline")

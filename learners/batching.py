@@ -301,16 +301,21 @@ class MiniBatch:
         dtype: torch.dtype = torch.float32,
         table: EventTable | None = None,
         advantages: Tensor | None = None,
+        token_weights: Tensor | None = None,
     ) -> Batch:
         """:func:`collate` of the rows, carrying ``event_index``; with the :class:`EventTable` the
         minibatch came from, also each row's comparable group and role, and ``advantages`` (the
-        table-wide ``[R_table]`` per-row tensor) gathered with :attr:`row_index`."""
+        table-wide ``[R_table]`` per-row tensor) and ``token_weights`` (table-wide ``[R_table, T']``
+        per-token loss weights, ``T'`` at least this minibatch's response width) gathered with
+        :attr:`row_index`."""
         extra: dict[str, Tensor] = {}
-        if table is not None or advantages is not None:
+        if table is not None or advantages is not None or token_weights is not None:
             if self.row_index is None:
                 raise ValueError("table indices need a minibatch built from an EventTable (row_index)")
             if advantages is not None:
                 extra["advantages"] = advantages[self.row_index]
+            if token_weights is not None:
+                extra["token_weights"] = token_weights[self.row_index]
             if table is not None:
                 extra["group_index"] = table.event_group[table.row_event[self.row_index]]
                 extra["row_role"] = table.row_role[self.row_index]
@@ -463,6 +468,8 @@ class Batch:
         advantages: ``[R]`` per-row advantage (rows of an event share it), or None.
         group_index: ``[R]`` int64 each row's group of comparable events, or None.
         row_role: ``[R]`` int64 each row's role (index into :attr:`EventTable.roles`), or None.
+        token_weights: ``[R, T]`` float per-token loss weights (token-level truncated importance
+            sampling, ``LossConfig.token_weights``), or None.
     """
 
     input_ids: Tensor
@@ -479,6 +486,7 @@ class Batch:
     advantages: Tensor | None = None
     group_index: Tensor | None = None
     row_role: Tensor | None = None
+    token_weights: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -535,6 +543,7 @@ class Batch:
             advantages=rows_of(self.advantages),
             group_index=rows_of(self.group_index),
             row_role=rows_of(self.row_role),
+            token_weights=None if self.token_weights is None else self.token_weights[idx][:, :t_new],
         )
 
     def model_inputs(self) -> dict[str, Tensor]:
@@ -563,11 +572,13 @@ def collate(
     advantages: Tensor | None = None,
     group_index: Tensor | None = None,
     row_role: Tensor | None = None,
+    token_weights: Tensor | None = None,
 ) -> Batch:
     """Pad rows into a :class:`Batch` (prompt left-padded, response right-padded).
 
     ``advantages`` (float, converted to ``dtype``), ``group_index`` and ``row_role`` are optional
-    ``[R]`` per-row tensors carried along (see :meth:`MiniBatch.collate`).
+    ``[R]`` per-row tensors carried along (see :meth:`MiniBatch.collate`); ``token_weights`` an
+    optional ``[R, T']`` float tensor (``T'`` >= the response width ``T``; cut to ``T``, 0 on padding).
 
     Raises:
         ValueError: no rows, a row without prompt tokens, no response token in the whole batch, or
@@ -591,6 +602,10 @@ def collate(
     ):
         if t is not None and tuple(t.shape) != (n,):
             raise ValueError(f"{name} must be [R={n}], got {tuple(t.shape)}")
+    if token_weights is not None and (
+        token_weights.ndim != 2 or token_weights.shape[0] != n or token_weights.shape[1] < T
+    ):
+        raise ValueError(f"token_weights must be [R={n}, >= T={T}], got {tuple(token_weights.shape)}")
 
     input_ids, attention_mask, position_ids, _ = pad_prompt_response(
         [r.prompt_ids for r in rows], [r.response_ids for r in rows], pad_id
@@ -602,6 +617,7 @@ def collate(
         loss_mask[i, :t] = r.response_mask
         old[i, :t] = r.behaviour_logprobs
     response_attention = attention_mask[:, P:].to(dtype)
+    weights = None if token_weights is None else token_weights[:, :T].to(dtype) * response_attention
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -617,6 +633,7 @@ def collate(
         advantages=None if advantages is None else advantages.to(dtype),
         group_index=None if group_index is None else group_index.to(torch.long),
         row_role=None if row_role is None else row_role.to(torch.long),
+        token_weights=weights,
     )
 
 

@@ -33,7 +33,7 @@ Conventions shared by every function:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -124,6 +124,15 @@ def _masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> T
     diff = logprobs - old_logprobs.to(dtype=logprobs.dtype).detach()
     keep = _weights(mask, logprobs) != 0
     return torch.where(keep, diff, torch.zeros((), dtype=diff.dtype, device=diff.device))
+
+
+def _checked_token_weights(token_weights: Tensor, logprobs: Tensor) -> Tensor:
+    """Per-token loss weights as a detached tensor in ``logprobs``' dtype/device (shape-checked)."""
+    if token_weights.shape != logprobs.shape:
+        raise ValueError(
+            f"token_weights {tuple(token_weights.shape)} must match logprobs {tuple(logprobs.shape)}"
+        )
+    return token_weights.detach().to(dtype=logprobs.dtype, device=logprobs.device)
 
 
 def _clip_bounds(clip_eps: float, clip_eps_high: float | None) -> tuple[float, float]:
@@ -448,6 +457,7 @@ def grpo_loss(
     clip_eps_high: float | None = None,
     norm_len: int | None = None,
     denominator: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     """Token-level PPO-clip surrogate with per-output (GRPO) or per-token advantages.
 
@@ -459,9 +469,13 @@ def grpo_loss(
         agg: token aggregation, a name in :data:`AGG_MODES` (see :func:`aggregate`).
         norm_len: the constant length of ``seq-mean-token-sum-norm`` (Dr.GRPO).
         denominator: see :func:`aggregate` (gradient accumulation).
+        token_weights: optional ``[R, T]`` detached per-token weights ``w_t`` on the clipped surrogate
+            (token-level truncated importance sampling between the rollout and the training policy,
+            as verl/OpenRLHF apply it: the clipped per-token loss times ``w_t``, then ``aggregate``;
+            the normaliser is unchanged, so ``w = 1`` is exactly the unweighted loss).
 
-    Per token: ``r = exp(clamp(lp - old, -20, 20))``, loss ``= max(-A r, -A clip(r))``; then
-    ``aggregate``. Stats: ``clip_frac`` (token fraction where the clipped term is active),
+    Per token: ``r = exp(clamp(lp - old, -20, 20))``, loss ``= max(-A r, -A clip(r))`` (times
+    ``w_t``); then ``aggregate``. Stats: ``clip_frac`` (token fraction where the clipped term is active),
     ``approx_kl`` (token mean of ``0.5 * (lp - old)**2``, k2), ``mean_abs_log_ratio``,
     ``num_tokens``.
     """
@@ -480,6 +494,8 @@ def grpo_loss(
     pg = -adv * ratio
     pg_clipped = -adv * ratio.clamp(lo, hi)
     loss_mat = torch.maximum(pg, pg_clipped)
+    if token_weights is not None:
+        loss_mat = loss_mat * _checked_token_weights(token_weights, logprobs)
     loss = aggregate(loss_mat, mask, agg, norm_len, denominator)
     with torch.no_grad():
         vals = torch.stack(
@@ -632,6 +648,7 @@ def gspo_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     denominator: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization") sequence-level surrogate.
 
@@ -641,6 +658,12 @@ def gspo_loss(
     ``loss = -1/G sum_i min(s_i A_i, clip(s_i, 1-eps, 1+eps) A_i)`` over rows with at least one loss
     token (``denominator`` replaces that count when accumulating). The paper's clip range is far
     smaller than PPO's (3e-4 / 4e-4) because ``log s_i`` is a per-token average.
+
+    ``token_weights`` (``[R, T]``, detached; token-level truncated importance sampling) weight each
+    token's share of the sequence gradient: ``log s_i`` keeps its value (so clipping decides on the
+    same ratio) but its gradient becomes ``1/|y_i| sum_t w_t grad log pi(y_t)`` (the stop-gradient
+    form ``sg[log s_i] + 1/|y_i| sum_t w_t (lp_t - sg[lp_t])``, which is what verl's per-token GSPO
+    loss times the IS weight differentiates to). ``w = 1`` is exactly the unweighted loss.
 
     Stats: ``clip_frac`` (rows whose clipped term is active), ``mean_abs_log_ratio`` (mean
     ``|log s_i|``), ``approx_kl`` (mean ``0.5 log(s_i)^2``).
@@ -654,6 +677,10 @@ def gspo_loss(
     lengths = _weights(mask, logprobs).sum(-1)
     has_tokens = lengths != 0
     log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask).sum(-1) / lengths.clamp_min(1.0)
+    if token_weights is not None:
+        w = _checked_token_weights(token_weights, logprobs)
+        zero_valued = _masked_log_ratio(logprobs, logprobs.detach(), mask)  # value 0, gradient grad lp
+        log_ratio = log_ratio.detach() + masked_sum(zero_valued * w, mask, dim=-1) / lengths.clamp_min(1.0)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     lo, hi = _clip_bounds(clip_eps, clip_eps_high)
     pg = -adv * ratio
@@ -685,6 +712,12 @@ class LossConfig:
 
     ``denominator``: the exact count of the loss's unit (:data:`DENOMINATOR_UNITS`) over the whole
     minibatch when it is accumulated over micro-batches; None = this call's own count.
+
+    ``token_weights``: optional ``[R, T]`` per-token weights on the surrogate, aligned with the call's
+    ``logprobs`` (token-level truncated importance sampling, :func:`learners.offpolicy.tis_weights`).
+    Why a config field and not a sixth argument: every registered loss keeps one signature, and only
+    losses registered with ``token_weights=True`` accept it (:class:`PolicyLoss` refuses it for the
+    others, e.g. SRPO, whose ratio is per event, so a per-token weight has no place in it).
     """
 
     clip_eps: float = 0.2
@@ -693,6 +726,7 @@ class LossConfig:
     agg: str = "token-mean"
     norm_len: int | None = None
     denominator: float | None = None
+    token_weights: Tensor | None = field(default=None, compare=False, repr=False)
 
 
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, LossConfig], tuple[Tensor, Stats]]
@@ -703,14 +737,22 @@ PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, LossConfig], tu
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """A registered policy loss and the unit its mean is over (a function of the config, since an
-    aggregation mode or an event norm can change it)."""
+    """A registered policy loss, the unit its mean is over (a function of the config, since an
+    aggregation mode or an event norm can change it) and whether it accepts per-token weights
+    (``LossConfig.token_weights``)."""
 
     name: str
     fn: PolicyLossFn
     unit: Callable[[LossConfig], str]
+    token_weights: bool = False
 
     def __call__(self, *args: Tensor | LossConfig) -> tuple[Tensor, Stats]:
+        cfg = args[-1]
+        if isinstance(cfg, LossConfig) and cfg.token_weights is not None and not self.token_weights:
+            raise ValueError(
+                f"policy loss {self.name!r} does not take per-token weights (token-level truncated "
+                "importance sampling); use sequence- or event-level weights (--tis sequence|event)"
+            )
         return self.fn(*args)  # type: ignore[arg-type]
 
 
@@ -719,13 +761,15 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
 def register_policy_loss(
-    name: str, unit: str | Callable[[LossConfig], str] = "tokens"
+    name: str, unit: str | Callable[[LossConfig], str] = "tokens", token_weights: bool = False
 ) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Register a policy loss with the uniform signature :data:`PolicyLossFn` (decorator).
 
     ``unit``: what the loss averages over (one of :data:`DENOMINATOR_UNITS`), or a function of the
     :class:`LossConfig` returning it; the trainer computes the whole minibatch's count from it and
     passes it as ``cfg.denominator`` so micro-batch gradients sum to the big-batch gradient.
+    ``token_weights``: the loss applies ``cfg.token_weights`` (per-token truncated importance
+    weights); losses that do not are refused them rather than silently ignoring them.
     """
     if isinstance(unit, str):
         if unit not in DENOMINATOR_UNITS:
@@ -734,7 +778,7 @@ def register_policy_loss(
         unit = lambda cfg: fixed  # noqa: E731
 
     def deco(fn: PolicyLossFn) -> PolicyLossFn:
-        POLICY_LOSSES[name] = PolicyLoss(name, fn, unit)
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, unit, token_weights)
         return fn
 
     return deco
@@ -774,7 +818,7 @@ def _srpo_policy_loss(
     )
 
 
-@register_policy_loss("grpo", unit=lambda cfg: AGG_UNITS.get(cfg.agg, "tokens"))
+@register_policy_loss("grpo", unit=lambda cfg: AGG_UNITS.get(cfg.agg, "tokens"), token_weights=True)
 def _grpo_policy_loss(
     logprobs: Tensor, old: Tensor, mask: Tensor, advantages: Tensor, event_index: Tensor, cfg: LossConfig
 ) -> tuple[Tensor, Stats]:
@@ -789,10 +833,11 @@ def _grpo_policy_loss(
         clip_eps_high=cfg.clip_eps_high,
         norm_len=cfg.norm_len,
         denominator=cfg.denominator,
+        token_weights=cfg.token_weights,
     )
 
 
-@register_policy_loss("ppo", unit=lambda cfg: AGG_UNITS.get(cfg.agg, "tokens"))
+@register_policy_loss("ppo", unit=lambda cfg: AGG_UNITS.get(cfg.agg, "tokens"), token_weights=True)
 def _ppo_policy_loss(
     logprobs: Tensor, old: Tensor, mask: Tensor, advantages: Tensor, event_index: Tensor, cfg: LossConfig
 ) -> tuple[Tensor, Stats]:
@@ -800,11 +845,18 @@ def _ppo_policy_loss(
     return _grpo_policy_loss(logprobs, old, mask, advantages, event_index, cfg)
 
 
-@register_policy_loss("gspo", unit="rows")
+@register_policy_loss("gspo", unit="rows", token_weights=True)
 def _gspo_policy_loss(
     logprobs: Tensor, old: Tensor, mask: Tensor, advantages: Tensor, event_index: Tensor, cfg: LossConfig
 ) -> tuple[Tensor, Stats]:
     """GSPO's sequence-level, length-normalised clipped surrogate (:func:`gspo_loss`)."""
     return gspo_loss(
-        logprobs, old, mask, advantages, cfg.clip_eps, cfg.clip_eps_high, denominator=cfg.denominator
+        logprobs,
+        old,
+        mask,
+        advantages,
+        cfg.clip_eps,
+        cfg.clip_eps_high,
+        denominator=cfg.denominator,
+        token_weights=cfg.token_weights,
     )

@@ -11,11 +11,15 @@ generates elsewhere is gathered here, behind a few calls the loop makes:
 * :meth:`ScaleOut.prepare` — rows older than ``max_policy_lag`` versions are refused (whole events);
   with the vLLM backend the learner recomputes the rollout tokens' log-probs (``pi_old``, the PPO
   ratio's denominator), logs the mismatch (``rollout/logprob_abs_diff``, ``rollout/kl``) and returns
-  truncated importance weights per row (sequence level, or event level for event losses such as SRPO)
-  that the trainer multiplies into the advantages (:func:`learners.offpolicy.tis_row_weights` says
-  why that equals weighting the loss).
+  truncated importance weights: per row (sequence level, or event level for event losses such as
+  SRPO), which the trainer multiplies into the advantages (:func:`learners.offpolicy.tis_row_weights`
+  says why that equals weighting the loss), or per token (``tis="token"``), which cannot be folded
+  into a per-row advantage and reach the loss as ``LossConfig.token_weights``.
 * :meth:`ScaleOut.shard` / :meth:`ScaleOut.reduce_gradients` — this rank's event-atomic share of a
   minibatch and the gradient all-reduce after its backward passes (:mod:`learners.distributed`).
+  With ``dp_engine="fsdp2"`` the models are sharded instead (:meth:`ScaleOut.shard_models`), the
+  reduction happens inside backward and :meth:`ScaleOut.forward_plan` keeps the ranks' forward calls in
+  lockstep; rollouts then run on an unsharded copy of the policies, refreshed by ``sync_weights``.
 * :meth:`ScaleOut.sync_weights` — after every update the new weights go to the Ray workers (one
   ``ray.put``) or into the vLLM engine, with the learner's policy version.
 """
@@ -36,10 +40,17 @@ from learners.distributed import (
     DistContext,
     all_gather_objects,
     all_reduce_gradients,
+    all_reduce_max,
     broadcast_object,
+    clip_grad_norm,
+    fsdp2_shard,
+    full_model_state,
+    full_optimizer_state,
     init_distributed,
+    load_full_model_state,
+    load_full_optimizer_state,
 )
-from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_row_weights
+from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_row_weights, tis_weights
 
 if TYPE_CHECKING:
     from learners.trainer import Trainer
@@ -48,8 +59,9 @@ __all__ = ["BACKENDS", "TIS_MODES", "ScaleOut"]
 
 BACKENDS = ("hf", "vllm")
 #: ``auto``: event-level weights for event losses (SRPO), sequence-level for the others, and only when
-#: rollouts come from another engine (vLLM); ``off``: never.
-TIS_MODES = ("auto", "off", "sequence", "event")
+#: rollouts come from another engine (vLLM); ``off``: never; ``token``: one weight per token (only for
+#: losses registered with ``token_weights=True``; SRPO's event ratio refuses it, see TrainConfig).
+TIS_MODES = ("auto", "off", "token", "sequence", "event")
 
 
 class ScaleOut:
@@ -62,6 +74,12 @@ class ScaleOut:
         self.pool: Any = None
         self.rollout_policies: PolicyMap | None = None
         self._synced: list[int] | None = None
+        #: FSDP2 sharding is on (``dp_engine=fsdp2`` under a multi-process launch; one process has
+        #: nothing to shard with and runs the plain path, which computes the same update)
+        self.fsdp = self.cfg.dp_engine == "fsdp2" and self.dist.enabled
+        #: FSDP2 with in-process rollouts: an unsharded copy of the policies that generates (a sharded
+        #: model's forward is a collective, so ranks could not generate different tasks with it)
+        self.rollout_copy: PolicyMap | None = None
 
     # ------------------------------------------------------------------ device
     def rank_device(self, device: torch.device) -> torch.device:
@@ -85,6 +103,11 @@ class ScaleOut:
 
             on_gpu = trainer.device.type == "cuda"
             if cfg.backend == "vllm":
+                if cfg.sharing != "shared":  # the workers' engines take full state dicts, not adapters
+                    raise ValueError(
+                        f"rollout_workers with backend=vllm supports sharing=shared, got {cfg.sharing!r}; "
+                        "for LoRA per role use the colocated engine (rollout_workers=0, sharing=lora)"
+                    )
                 factory: Any = VLLMPolicyFactory(trainer.model_path, tuple(trainer.roles), dtype=cfg.dtype)
             else:
                 factory = HFPolicyFactory(
@@ -111,17 +134,26 @@ class ScaleOut:
             )
             return self.pool.collector(train_env, sampling), self.pool.collector(eval_env, sampling)
         policies = trainer.policies
+        if self.fsdp and cfg.backend == "hf":
+            policies = self.rollout_copy = self._policy_factory()()
         if cfg.backend == "vllm":
-            from agents.vllm import VLLMPolicy
+            from agents.vllm import PER_ROLE_REFUSAL, VLLMPolicy, vllm_lora_policy_map
 
-            if cfg.sharing != "shared":
-                raise ValueError(
-                    "backend=vllm supports sharing=shared (merge LoRA adapters for per-role engines)"
-                )
+            if cfg.sharing == "per-role":
+                raise ValueError(PER_ROLE_REFUSAL)
+            lora = cfg.sharing == "lora"  # one engine, a LoRA adapter per role (agents.vllm)
             engine = VLLMPolicy(
-                trainer.model_path, dtype=cfg.dtype, seed=cfg.seed, gpu_memory_utilization=0.3
+                trainer.model_path,
+                dtype=cfg.dtype,
+                seed=cfg.seed,
+                gpu_memory_utilization=0.3,
+                **({"lora_rank": cfg.lora_rank, "max_loras": len(trainer.roles)} if lora else {}),
             )
-            policies = self.rollout_policies = PolicyMap.shared(engine, trainer.roles)
+            policies = self.rollout_policies = (
+                vllm_lora_policy_map(engine, trainer.roles)
+                if lora
+                else PolicyMap.shared(engine, trainer.roles)
+            )
         return RolloutCollector(train_env, policies, sampling), RolloutCollector(eval_env, policies, sampling)
 
     # ------------------------------------------------------------------ rollouts
@@ -144,6 +176,10 @@ class ScaleOut:
         """Push the learner's weights to the rollout engine when its version moved (no-op in-process)."""
         trainer = self.trainer
         versions = [int(p.policy_version) for p in trainer.policies.policies]
+        if self.fsdp:  # gathering is collective: every rank, also one without a rollout engine
+            if self._synced != versions:
+                self._sync_full_weights(versions)
+            return
         if self._synced == versions or (self.pool is None and self.rollout_policies is None):
             self._synced = versions
             return
@@ -152,9 +188,11 @@ class ScaleOut:
 
             self.pool.load_weights(model_states(trainer.policies), versions)
         if self.rollout_policies is not None:
-            (model,) = {id(p.model): p.model for p in trainer.policies.policies}.values()
-            for engine in self.rollout_policies.policies:
-                engine.load_weights(model.state_dict(), policy_version=versions[0])
+            from agents.vllm import sync_rollout_engine
+
+            # shared: the full weights; sharing=lora: each role's adapter whose version moved (all of
+            # them at the first sync: the engine starts from the checkpoint on disk)
+            sync_rollout_engine(self.rollout_policies, trainer.policies, force=self._synced is None)
         self._synced = versions
 
     # ------------------------------------------------------------------ off-policy corrections
@@ -171,7 +209,10 @@ class ScaleOut:
     ) -> tuple[RolloutBatch, torch.Tensor | None, dict]:
         """Refuse stale events; with another rollout engine, recompute ``pi_old`` and the TIS weights.
 
-        Returns ``(batch, row_weights or None, stats)``; ``row_weights`` is ``[R]`` in row order.
+        Returns ``(batch, weights or None, stats)``; ``weights`` is in row order: ``[R]`` (sequence or
+        event level, one weight per row) or ``[R, T]`` (token level, ``T`` the batch's longest response,
+        0 on padding and env text). Stats: ``rollout/tis_weight_mean`` (over rows, or over loss tokens
+        at token level) and ``rollout/tis_capped_frac`` (the fraction of those whose ratio hit the cap).
         """
         trainer, cfg = self.trainer, self.cfg
         rows, refused = refuse_stale_events(
@@ -216,11 +257,22 @@ class ScaleOut:
         level = self.tis_level(event_loss)
         if level is None:
             return batch, None, stats
-        ids: dict[str, int] = {}
-        event_index = torch.tensor([ids.setdefault(r.event_id, len(ids)) for r in rows], dtype=torch.long)
-        weights = tis_row_weights(train, rollout, mask, level=level, cap=cfg.tis_cap, event_index=event_index)
-        stats["rollout/tis_weight_mean"] = float(weights.mean())
-        stats["rollout/tis_capped_frac"] = float((weights >= cfg.tis_cap).double().mean())
+        if level == "token":
+            weights = tis_weights(train, rollout, mask, level="token", cap=cfg.tis_cap)
+            on = mask != 0
+            values = weights[on]
+        else:
+            ids: dict[str, int] = {}
+            event_index = torch.tensor([ids.setdefault(r.event_id, len(ids)) for r in rows], dtype=torch.long)
+            weights = tis_row_weights(
+                train, rollout, mask, level=level, cap=cfg.tis_cap, event_index=event_index
+            )
+            values = weights
+        stats["rollout/tis_weight_mean"] = float(values.mean()) if values.numel() else 1.0
+        stats["rollout/tis_capped_frac"] = (
+            # exp(log C) may round just below C (C = 5: 4.999...): compare with a relative tolerance
+            float((values >= cfg.tis_cap * (1 - 1e-9)).double().mean()) if values.numel() else 0.0
+        )
         return batch, weights, stats
 
     # ------------------------------------------------------------------ data parallelism
@@ -231,8 +283,130 @@ class ScaleOut:
         return shard_minibatch(mb, self.dist.rank, self.dist.world_size)
 
     def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Sum the shards' gradients over the ranks (every rank then holds the whole minibatch's)."""
-        all_reduce_gradients(params, self.dist)
+        """Sum the shards' gradients over the ranks (every rank then holds the whole minibatch's).
+
+        Under FSDP2 backward already reduce-scattered them (summing), so there is nothing left to do.
+        """
+        if not self.fsdp:
+            all_reduce_gradients(params, self.dist)
+
+    def clip_gradients(self, params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
+        """Clip to ``max_norm``; the norm before clipping (over all shards under FSDP2)."""
+        if self.fsdp:
+            return clip_grad_norm(params, max_norm)
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    # ------------------------------------------------------------------ FSDP2
+    def shard_models(self) -> None:
+        """``fully_shard`` every distinct policy model (FSDP2 only; before the optimizer is built)."""
+        if self.fsdp:
+            for pol in self.trainer._distinct_models():
+                fsdp2_shard(pol.model)
+
+    def agree_count(self, n: int) -> int:
+        """The largest ``n`` over the ranks under FSDP2 (the number of micro-batches every rank runs)."""
+        return all_reduce_max([n], self.dist)[0] if self.fsdp else n
+
+    def forward_plan(self, chunks: Sequence[tuple[Any, list[int]]]) -> list[tuple[Any, list[int] | None]]:
+        """The forward calls of one micro-batch, in lockstep with the other ranks under FSDP2.
+
+        ``chunks``: ``(policy, row indices)`` per forward this rank needs. Without FSDP2 they are
+        returned as they are. With it every forward of a sharded model all-gathers its layers and
+        every backward reduce-scatters their gradients, so all ranks must call each model the same
+        number of times in the same order, whatever their shards hold. The design: one all-reduce
+        (max) of the per-model chunk counts, then for every distinct model in a fixed order this
+        rank's chunks followed by ``(policy, None)`` entries up to the agreed count. The caller runs a
+        ``None`` entry as a forward on a one-token input and adds ``0 * logits.sum()`` to its loss: it
+        issues the same collectives and contributes exactly zero gradient, so the summed gradient stays
+        the single-process gradient of the whole minibatch. A rank with fewer micro-batches runs whole
+        dummy micro-batches (``forward_plan([])``, see :meth:`agree_count`).
+        """
+        if not self.fsdp:
+            return list(chunks)
+        models = self.trainer._distinct_models()
+        slot = {id(pol.model): i for i, pol in enumerate(models)}
+        mine: list[list[tuple[Any, list[int] | None]]] = [[] for _ in models]
+        for pol, idx in chunks:
+            mine[slot[id(pol.model)]].append((pol, idx))
+        agreed = all_reduce_max([len(m) for m in mine], self.dist)
+        plan: list[tuple[Any, list[int] | None]] = []
+        for pol, own, n in zip(models, mine, agreed, strict=True):
+            plan.extend(own)
+            plan.extend((pol, None) for _ in range(n - len(own)))
+        return plan
+
+    def dummy_inputs(self) -> dict[str, torch.Tensor]:
+        """A one-token input for a lockstep forward (see :meth:`forward_plan`)."""
+        device = self.trainer.device
+        return {
+            "input_ids": torch.zeros(1, 1, dtype=torch.long, device=device),
+            "attention_mask": torch.ones(1, 1, dtype=torch.long, device=device),
+        }
+
+    def model_states(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Full weights of every distinct model (``model<i>``); collective under FSDP2."""
+        return {f"model{i}": full_model_state(p.model) for i, p in enumerate(self.trainer._distinct_models())}
+
+    def load_model_states(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Load full weights (a checkpoint's, any world size) into the learner's models."""
+        for tensors, pol in zip(states.values(), self.trainer._distinct_models(), strict=True):
+            load_full_model_state(pol.model, dict(tensors))
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's full state in the single-process layout; collective under FSDP2."""
+        return full_optimizer_state(optimizer) if self.fsdp else optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        load_full_optimizer_state(optimizer, state)
+
+    def full_policies(self) -> list[Any]:
+        """One policy per distinct model with full, current weights (for ``save_pretrained``).
+
+        Without FSDP2 the learner's own. With it (collective: every rank calls) the unsharded rollout
+        copy after a sync, or, when rollouts run elsewhere, a copy built on rank 0 for the occasion;
+        other ranks get ``[]``.
+        """
+        if not self.fsdp:
+            return self.trainer._distinct_models()
+        from agents.ray_rollout import distinct_models, load_model_states
+
+        self.sync_weights()
+        if self.rollout_copy is not None:
+            return distinct_models(self.rollout_copy) if self.dist.is_main else []
+        states = self.model_states()
+        if not self.dist.is_main:
+            return []
+        copy = self._policy_factory()()
+        load_model_states(copy, states)
+        return distinct_models(copy)
+
+    def _policy_factory(self) -> Any:
+        from agents.ray_rollout import HFPolicyFactory
+
+        cfg, trainer = self.cfg, self.trainer
+        return HFPolicyFactory(
+            trainer.model_path,
+            tuple(trainer.roles),
+            cfg.sharing,
+            cfg.lora_rank,
+            device=str(trainer.device),
+            dtype="float64" if cfg.dtype == "float64" else "float32",
+        )
+
+    def _sync_full_weights(self, versions: list[int]) -> None:
+        """FSDP2: gather the full weights (every rank) and load them into this rank's rollout engines."""
+        from agents.ray_rollout import load_model_states
+
+        states = self.model_states()
+        if self.rollout_copy is not None:
+            load_model_states(self.rollout_copy, states, versions)
+        if self.pool is not None:
+            cpu = {m: {k: v.to("cpu") for k, v in sd.items()} for m, sd in states.items()}
+            self.pool.load_weights(cpu, versions)
+        if self.rollout_policies is not None:
+            for engine in self.rollout_policies.policies:
+                engine.load_weights(states["model0"], policy_version=versions[0])
+        self._synced = versions
 
     def close(self) -> None:
         """Stop the Ray workers (the process group stays: the launcher owns the processes)."""

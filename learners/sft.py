@@ -106,6 +106,10 @@ class SFTConfig:
     answer scores 0 and asking for the second hop can score 1."""
     eval_kb_seeds: tuple[int, ...] = ()
     """search: worlds of the held-out evaluation (default: kb_seed); unseen worlds when kb_worlds > 0."""
+    length_groups: int = 0
+    """0: every batch is batch_size examples drawn at random. G > 0: draw G batches' examples at once,
+    sort them by length and cut them into G batches (in random order), so a batch pads to a similar
+    length: search prompts vary 3x in length and padding otherwise doubles the cost of a step."""
 
     def __post_init__(self) -> None:
         from srpo_envs.tasks.math_data import PROCEDURAL_FAMILIES
@@ -116,6 +120,8 @@ class SFTConfig:
             raise ValueError(f"dataset must be one of {PROCEDURAL_FAMILIES}, got {self.dataset!r}")
         if self.save_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"save_dtype must be float32 or bfloat16, got {self.save_dtype!r}")
+        if self.length_groups < 0:
+            raise ValueError(f"length_groups must be >= 0, got {self.length_groups}")
         if self.kb_worlds < 0 or not 0.0 <= self.premature_answer <= 1.0:
             raise ValueError("kb_worlds must be >= 0 and premature_answer in [0, 1]")
         trained = _training_worlds(self)
@@ -256,6 +262,16 @@ def _batch(examples: Sequence[tuple[list[int], list[int], str]], pad_id: int) ->
     return {"input_ids": ids, "attention_mask": attn, "labels": labels}
 
 
+def _length_grouped(
+    examples: Sequence[tuple[list[int], list[int], str]], batch_size: int, groups: int, gen: torch.Generator
+) -> list[list[int]]:
+    """``groups`` batches of random example indices, each of similar total length (see ``length_groups``)."""
+    idx = torch.randint(len(examples), (batch_size * groups,), generator=gen).tolist()
+    idx.sort(key=lambda i: len(examples[i][0]) + len(examples[i][1]))
+    batches = [idx[g * batch_size : (g + 1) * batch_size] for g in range(groups)]
+    return [batches[int(j)] for j in torch.randperm(groups, generator=gen)]
+
+
 def train_sft(
     policy: HFPolicy, examples: Sequence[tuple[list[int], list[int], str]], cfg: SFTConfig, log: Any = print
 ) -> list[float]:
@@ -273,8 +289,14 @@ def train_sft(
     )
     gen = torch.Generator().manual_seed(cfg.seed)
     losses: list[float] = []
+    queued: list[list[int]] = []
     for step in range(cfg.steps):
-        idx = torch.randint(len(examples), (cfg.batch_size,), generator=gen).tolist()
+        if cfg.length_groups:
+            if not queued:
+                queued = _length_grouped(examples, cfg.batch_size, cfg.length_groups, gen)
+            idx = queued.pop()
+        else:
+            idx = torch.randint(len(examples), (cfg.batch_size,), generator=gen).tolist()
         batch = _batch([examples[i] for i in idx], policy.pad_id)
         out = model(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]

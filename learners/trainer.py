@@ -58,7 +58,8 @@ from learners.batching import (
     micro_batch_bounds,
 )
 from learners.critic import ValueCritic
-from learners.distributed import all_reduce_sum, broadcast_object
+from learners.diagnostics import GradingMonitor, k_stats
+from learners.distributed import DP_ENGINES, all_reduce_sum, broadcast_object
 from learners.losses import (
     AGG_MODES,
     EVENT_NORMS,
@@ -78,7 +79,7 @@ SHARING = ("shared", "per-role", "lora")
 DTYPES = ("float32", "bfloat16", "float64")
 #: Where a run executes, not what it computes: a checkpoint resumes under other values of these
 #: (and under any world size: checkpoints hold the full state).
-LAYOUT_FIELDS = ("rollout_workers", "ray_address")
+LAYOUT_FIELDS = ("rollout_workers", "ray_address", "dp_engine")
 
 
 @dataclass
@@ -128,10 +129,11 @@ class TrainConfig:
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
-    clip_eps: float = 0.2
-    """clip range of the ratio (event ratio for SRPO, token ratio for GRPO/PPO, sequence ratio for GSPO)"""
+    clip_eps: float | None = None
+    """clip range of the ratio (event ratio for SRPO, token ratio for GRPO/PPO, sequence ratio for GSPO);
+    None: the algorithm's (0.2; GSPO 3e-4 with upper 4e-4, its paper's, as its ratio is a per-token mean)"""
     clip_eps_high: float | None = None
-    """upper clip range (DAPO clip-higher); None: clip_eps"""
+    """upper clip range (DAPO clip-higher); None: clip_eps when that is given, else the algorithm's"""
     norm: str = "sqrt"
     """SRPO set normalisation: sqrt, sum, mean, k1"""
     agg: str | None = None
@@ -170,6 +172,8 @@ class TrainConfig:
     """float32, bfloat16 (autocast with float32 master weights and float32 log-prob math) or float64"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass (less memory, ~30% more compute)"""
+    dp_engine: str = "allreduce"
+    """data-parallel learner under torchrun/accelerate: allreduce (replicated weights) or fsdp2 (sharded)"""
     backend: str = "hf"
     """rollout generation: hf (the learner's model) or vllm (a colocated vLLM engine, weights pushed after
     every update, truncated importance sampling against the learner's recompute)"""
@@ -181,7 +185,8 @@ class TrainConfig:
     """refuse events whose rows are more than this many policy versions behind the learner"""
     tis: str = "auto"
     """truncated importance sampling rollout -> training policy: auto (vllm only; per event for SRPO, per
-    sequence otherwise), off, sequence, event"""
+    sequence otherwise), off, token (per-token weights on the loss; not for SRPO's event ratio: use event),
+    sequence, event"""
     tis_cap: float = 2.0
     """truncation C of the importance weights min(pi_train / pi_rollout, C)"""
     eval_every: int = 10
@@ -200,7 +205,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         spec = get_algorithm(self.algo)  # unknown: raises with the known names
         get_adv_estimator(self.adv_estimator or spec.estimator)
-        get_policy_loss(self.policy_loss or spec.loss)
+        loss = get_policy_loss(self.policy_loss or spec.loss)
         if self.norm not in EVENT_NORMS:
             raise ValueError(f"norm must be one of {sorted(EVENT_NORMS)}, got {self.norm!r}")
         if self.sharing not in SHARING:
@@ -211,10 +216,24 @@ class TrainConfig:
         scale = self.resolved("adv_scale")
         if scale is not None and scale not in ADV_SCALES:
             raise ValueError(f"adv_scale must be one of {ADV_SCALES}, got {scale!r}")
+        if self.dp_engine not in DP_ENGINES:
+            raise ValueError(f"dp_engine must be one of {DP_ENGINES}, got {self.dp_engine!r}")
+        if self.dp_engine == "fsdp2" and self.sharing == "lora":
+            raise ValueError("dp_engine=fsdp2 does not shard LoRA adapters: use sharing=shared or per-role")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.tis not in TIS_MODES:
             raise ValueError(f"tis must be one of {TIS_MODES}, got {self.tis!r}")
+        if self.tis == "token" and not loss.token_weights:
+            # SRPO's ratio is one number per event (a product over all members' tokens): a weight per
+            # token has no term to multiply; the set version of TIS is the event-level weight.
+            raise ValueError(
+                f"tis=token needs a per-token loss; {self.algo!r} uses the policy loss {loss.name!r}, "
+                "whose ratio is per event/sequence. Use --tis event (the set version: one truncated "
+                "weight per event, the product over all its members' tokens) or --tis auto."
+            )
+        if min(self.clip_range()[0], self.clip_range()[1] or 0.0) < 0:
+            raise ValueError(f"clip_eps and clip_eps_high must be >= 0, got {self.clip_range()}")
         if self.tis_cap <= 0 or self.rollout_workers < 0 or self.max_policy_lag < 0:
             raise ValueError("tis_cap must be > 0, rollout_workers and max_policy_lag >= 0")
         if self.dtype not in DTYPES:
@@ -249,6 +268,17 @@ class TrainConfig:
             return get_algorithm(self.algo).defaults.get(name, _FALLBACKS.get(name))
         return value
 
+    def clip_range(self) -> tuple[float, float | None]:
+        """``(clip_eps, clip_eps_high)`` the loss uses: what the user set, else the algorithm's.
+
+        An explicit ``clip_eps`` alone also sets the upper side (``clip_eps_high=None`` means "same as
+        clip_eps"): the algorithm's upper default belongs with its lower one, never with the user's.
+        """
+        low = float(self.resolved("clip_eps"))
+        if self.clip_eps_high is not None or self.clip_eps is not None:
+            return low, self.clip_eps_high
+        return low, self.resolved("clip_eps_high")
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in fields(cls)}
@@ -259,7 +289,7 @@ class TrainConfig:
 
 
 #: Values of the ``None``-means-algorithm-default fields when the algorithm sets none.
-_FALLBACKS: dict[str, Any] = {"agg": "token-mean", "adv_scale": "std"}
+_FALLBACKS: dict[str, Any] = {"agg": "token-mean", "adv_scale": "std", "clip_eps": 0.2}
 
 
 def _iteration_seed(seed: int, iteration: int, salt: int = 0) -> int:
@@ -330,6 +360,16 @@ class Trainer:
         )
         self.collector, self.eval_collector = self.scale.collectors(train_env, eval_env, sampling)
 
+        self.ref_models: dict[int, torch.nn.Module] = {}  # frozen copies, taken before any sharding
+        if cfg.kl_coef > 0:
+            for pol in self.policies.policies:
+                key = id(pol.model)
+                if key not in self.ref_models:
+                    ref = copy.deepcopy(pol.model).eval()
+                    for p in ref.parameters():
+                        p.requires_grad_(False)
+                    self.ref_models[key] = ref
+        self.scale.shard_models()  # dp_engine=fsdp2: the optimizer below must see the sharded parameters
         params: dict[int, torch.nn.Parameter] = {}
         for pol in self.policies.policies:
             for p in pol.model.parameters():
@@ -340,15 +380,6 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / cfg.warmup) if cfg.warmup > 0 else 1.0
         )
-        self.ref_models: dict[int, torch.nn.Module] = {}
-        if cfg.kl_coef > 0:
-            for pol in self.policies.policies:
-                key = id(pol.model)
-                if key not in self.ref_models:
-                    ref = copy.deepcopy(pol.model).eval()
-                    for p in ref.parameters():
-                        p.requires_grad_(False)
-                    self.ref_models[key] = ref
         self.critic: ValueCritic | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if self.algorithm.critic:
@@ -413,8 +444,8 @@ class Trainer:
     def _loss_config(self, denominator: float | None = None) -> LossConfig:
         cfg = self.cfg
         return LossConfig(
-            clip_eps=cfg.clip_eps,
-            clip_eps_high=cfg.clip_eps_high,
+            clip_eps=cfg.clip_range()[0],
+            clip_eps_high=cfg.clip_range()[1],
             norm=cfg.norm,
             agg=cfg.resolved("agg"),
             norm_len=cfg.max_new_tokens,
@@ -445,9 +476,13 @@ class Trainer:
             idx = sorted(idx, key=lambda i: (len(rows[i].prompt_ids), len(rows[i].response_ids)))
             step = cfg.forward_rows
             chunks.extend((pol, idx[j : j + step]) for j in range(0, len(idx), step))
-        logprobs = entropy = ref = None
+        logprobs = entropy = ref = pad = None
         shape = (len(rows), batch_t)
-        for pol, idx in chunks:
+        for pol, idx in self.scale.forward_plan(chunks):  # FSDP2: padded to the ranks' common plan
+            if idx is None:
+                lock = self._lockstep_forward(pol)
+                pad = lock if pad is None else pad + lock
+                continue
             sub = batch.take(idx)
             t = sub.response_width
             with (
@@ -477,7 +512,21 @@ class Trainer:
                     ref = torch.zeros(shape, dtype=ref_lp.dtype, device=ref_lp.device)
                 ref = ref.index_put((index,), torch.nn.functional.pad(ref_lp, (0, batch_t - t)))
         assert logprobs is not None
+        if pad is not None:  # + 0: ties the lockstep forwards into this micro-batch's backward
+            logprobs = logprobs + pad
         return logprobs, entropy, ref
+
+    def _lockstep_forward(self, pol: HFPolicy) -> torch.Tensor:
+        """A forward FSDP2 needs from this rank to match the others (:meth:`ScaleOut.forward_plan`):
+        a one-token input under the same contexts as a real chunk, returned as ``0 * logits.sum()``
+        so that its backward issues the model's collectives and adds exactly zero gradient."""
+        with (
+            adapter_scope(pol.model, pol.adapter_name),
+            self._autocast(),
+            _train_mode(pol.model, self.cfg.gradient_checkpointing),
+        ):
+            logits = pol.model(**self.scale.dummy_inputs(), logits_to_keep=1).logits
+        return logits.sum() * 0
 
     def _rows_per_batch(self, table: EventTable) -> int:
         """``rows_per_batch``, or the size that splits the batch into ``minibatches_per_iter``."""
@@ -495,7 +544,10 @@ class Trainer:
         batch, tis, prep_stats = self.scale.prepare(batch, event_loss=unit == "events")
         table = build_event_table(batch.rows)
         adv = self._advantages(table)
-        if tis is not None:  # a constant weight per row == the same weight on its clipped surrogate
+        token_weights = None  # [R, T] token-level TIS: reaches the loss as LossConfig.token_weights
+        if tis is not None and tis.ndim == 2:
+            token_weights = tis
+        elif tis is not None:  # a constant weight per row == the same weight on its clipped surrogate
             adv = replace(adv, advantages=adv.advantages * tis.to(adv.advantages.dtype))
         stats: dict[str, list[float]] = {}
         dropped = 0
@@ -507,7 +559,7 @@ class Trainer:
             )
             dropped = mbs.dropped_events
             for mb in mbs:
-                st = self._minibatch_step(mb, table, adv, loss_fn, unit)
+                st = self._minibatch_step(mb, table, adv, loss_fn, unit, token_weights)
                 if self.critic is not None:
                     st.update(self._critic_step(mb, table, adv))
                 for k, v in st.items():
@@ -523,32 +575,49 @@ class Trainer:
             out[k if "/" in k else f"actor/{k}"] = float(np.mean(v))
         out.update(adv.stats)
         out.update(prep_stats)
-        ks = table.event_k.double()
-        out["rollout/mean_k"] = float(ks.mean())
-        out["rollout/max_k"] = float(ks.max())
-        out["rollout/k_hist"] = {str(k): n for k, n in table.k_histogram().items()}
+        out.update(k_stats(table))  # mean_k, max_k, k_hist, and the multi-member-only view
         out["rollout/events_dropped"] = float(dropped)
         return out
 
     def _minibatch_step(
-        self, mb: MiniBatch, table: EventTable, adv: AdvantageResult, loss_fn: Any, unit: str
+        self,
+        mb: MiniBatch,
+        table: EventTable,
+        adv: AdvantageResult,
+        loss_fn: Any,
+        unit: str,
+        token_weights: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """Collate once, backward per event-atomic micro-batch with the whole minibatch's
-        normaliser (so the accumulated gradient equals the one-big-batch gradient), one step."""
+        normaliser (so the accumulated gradient equals the one-big-batch gradient), one step.
+        ``token_weights``: table-wide ``[R, T]`` per-token loss weights (token-level TIS) or None."""
         cfg = self.cfg
         pad_id = self.policies.policies[0].pad_id
-        full = mb.collate(pad_id, dtype=self.param_dtype, table=table, advantages=adv.advantages)
+        full = mb.collate(
+            pad_id,
+            dtype=self.param_dtype,
+            table=table,
+            advantages=adv.advantages,
+            token_weights=token_weights,
+        )
         full = full.to(self.device)
         loss_cfg = self._loss_config(loss_denominator(unit, full.response_mask, full.event_index))
         tokens = loss_denominator("tokens", full.response_mask)
         if self.dist.enabled:  # normalisers above span the whole minibatch; this rank computes its shard
             mb = self.scale.shard(mb)
             if mb.num_rows:  # a rank without an event still joins the gradient all-reduce (zeros)
-                full = mb.collate(pad_id, dtype=self.param_dtype, table=table, advantages=adv.advantages)
+                full = mb.collate(
+                    pad_id,
+                    dtype=self.param_dtype,
+                    table=table,
+                    advantages=adv.advantages,
+                    token_weights=token_weights,
+                )
                 full = full.to(self.device)
         bounds = (
             micro_batch_bounds(mb.rows, mb.event_index, cfg.max_tokens_per_microbatch) if mb.num_rows else []
         )
+        n_micro = self.scale.agree_count(len(bounds))  # FSDP2: every rank runs the most any rank has
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         micro: list[dict[str, float]] = []
@@ -557,7 +626,10 @@ class Trainer:
             lp, ent, ref = self._policy_logprobs(mb.rows[start:end], sub)
             mask = sub.response_mask
             assert sub.advantages is not None and sub.event_index is not None
-            loss, st = loss_fn(lp, sub.old_logprobs, mask, sub.advantages, sub.event_index, loss_cfg)
+            sub_cfg = (
+                loss_cfg if sub.token_weights is None else replace(loss_cfg, token_weights=sub.token_weights)
+            )
+            loss, st = loss_fn(lp, sub.old_logprobs, mask, sub.advantages, sub.event_index, sub_cfg)
             if ref is not None:
                 kl = masked_sum(kl_k3(lp, ref), mask) / max(tokens, 1.0)
                 loss = loss + cfg.kl_coef * kl
@@ -569,9 +641,11 @@ class Trainer:
             loss.backward()
             total += float(loss.detach())
             micro.append(st)
+        for _ in range(n_micro - len(bounds)):  # FSDP2 lockstep: zero-weight micro-batches
+            sum(self._lockstep_forward(pol) for pol, _ in self.scale.forward_plan([])).backward()
         self.scale.reduce_gradients(self.params)  # sum of the ranks' shard gradients (no-op on one)
         total = all_reduce_sum(total, self.dist)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        grad_norm = self.scale.clip_gradients(self.params, cfg.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         out = {k: float(np.mean([m[k] for m in micro if k in m])) for k in (micro[0] if micro else {})}
@@ -598,9 +672,9 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, n: int | None = None, k: int | None = None, seed: int = 10_007) -> float:
         """Held-out team accuracy: ``n`` eval-split tasks x ``k`` samples, fixed sampling seeds."""
+        self.scale.sync_weights()  # every rank: under FSDP2 gathering the weights is collective
         if not self.dist.is_main:  # rank 0 evaluates; every rank returns its number
             return broadcast_object(None, self.dist)
-        self.scale.sync_weights()
         n = min(n or self.cfg.eval_problems, self.n_eval_tasks)
         batch = self.eval_collector.collect(list(range(n)), group_size=k or self.cfg.eval_k, seed=seed)
         return broadcast_object(batch.accuracy, self.dist)
@@ -610,6 +684,7 @@ class Trainer:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
         history = self._start_metrics()
+        grading = GradingMonitor()  # grading/... deltas per record (the first includes iteration 0's eval)
         if cfg.eval_every and self.iteration == 0 and not history:
             acc = self.evaluate()
             self._append_metrics({"iteration": 0, "eval_accuracy": acc})
@@ -657,6 +732,7 @@ class Trainer:
             }
             if cfg.eval_every and (it % cfg.eval_every == 0 or it == cfg.iterations):
                 record["eval_accuracy"] = self.evaluate()
+            record.update(grading.delta())
             self.iteration = it
             self._append_metrics(record)
             history.append(record)
@@ -668,7 +744,7 @@ class Trainer:
                 bar.set_postfix(acc=f"{batch.accuracy:.2f}", loss=f"{loss:.3f}")
         if bar is not None:
             bar.close()
-        if self.dist.is_main:
+        if self.dist.is_main or self.scale.fsdp:  # FSDP2: every rank helps gather, rank 0 writes
             self.export(self.out / "final")
         self.scale.close()
         return history
@@ -716,12 +792,9 @@ class Trainer:
         return {
             "iteration": self.iteration,
             "config": asdict(self.cfg),
-            "models": {
-                f"model{i}": {k: v.detach() for k, v in pol.model.state_dict().items()}
-                for i, pol in enumerate(self._distinct_models())
-            },
+            "models": self.scale.model_states(),  # full tensors (gathered under FSDP2: collective)
             "policy_versions": [p.policy_version for p in self.policies.policies],
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.scale.optimizer_state(self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "critic": self.critic.state_dict() if self.critic is not None else None,
             "critic_optimizer": self.critic_optimizer.state_dict()
@@ -749,11 +822,10 @@ class Trainer:
                 f"checkpoint in {path or self.out} was written with a different config (differs in "
                 f"{sorted(diff)}); resume with the same options, or train without --resume"
             )
-        for tensors, pol in zip(state["models"].values(), self._distinct_models(), strict=True):
-            pol.model.load_state_dict(tensors)
+        self.scale.load_model_states(state["models"])  # full weights; each FSDP2 rank keeps its shard
         for pol, version in zip(self.policies.policies, state["policy_versions"], strict=True):
             pol.policy_version = version
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.scale.load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
@@ -765,7 +837,7 @@ class Trainer:
     def export(self, out: str | os.PathLike[str]) -> Path:
         """``save_pretrained`` of the trained policy (one folder per distinct model)."""
         out = Path(out)
-        models = self._distinct_models()
+        models = self.scale.full_policies()  # FSDP2: unsharded copies on rank 0 (collective), else ours
         for i, pol in enumerate(models):
             target = out if len(models) == 1 else out / f"model{i}"
             pol.model.save_pretrained(target)

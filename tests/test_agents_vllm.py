@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from agents.policy import GenerationRequest, SamplingParams
+from agents.policy import GenerationRequest, PolicyMap, SamplingParams
 
 
 def test_module_imports_without_vllm_and_says_how_to_install() -> None:
@@ -73,7 +74,9 @@ def test_vllm_generation_logprobs_and_weight_sync(tiny_dirs) -> None:
     diff = max(
         abs(x - y) for g, r in zip(gens, recomputed, strict=True) for x, y in zip(g.logprobs, r, strict=True)
     )
-    print(f"vLLM vs HF forward, max |delta log-prob| over {sum(len(g.logprobs) for g in gens)} tokens: {diff:.2e}")
+    print(
+        f"vLLM vs HF forward, max |delta log-prob| over {sum(len(g.logprobs) for g in gens)} tokens: {diff:.2e}"
+    )
     assert diff < tol, diff
 
     # weight sync: after loading model b's weights, greedy output is model b's
@@ -90,3 +93,340 @@ def test_vllm_generation_logprobs_and_weight_sync(tiny_dirs) -> None:
     diff_b = max(abs(x - y) for x, y in zip(after.logprobs, lp_b, strict=True))
     print(f"after the weight update, vs model b's HF forward: max |delta log-prob| {diff_b:.2e}")
     assert diff_b < tol
+
+
+def _randomise_adapter(model, role: str, seed: int, std: float = 0.05) -> None:
+    """Non-zero ``lora_B`` (peft starts it at 0, i.e. the base model) so every role's adapter differs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if f"lora_B.{role}." in name:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * std)
+
+
+@pytest.mark.vllm
+def test_vllm_lora_per_role_logprobs_and_adapter_push(tiny_dirs) -> None:
+    """Two LoRA roles on one vLLM engine: each role's log-probs are its HF adapter's; a push moves one role."""
+    from agents.hf import BASE_ADAPTER, HFPolicy, default_lora_config, lora_policy_map
+    from agents.vllm import VLLMPolicy, sync_rollout_engine, vllm_lora_policy_map
+
+    a, _ = tiny_dirs
+    device = _device()
+    tol = 1e-4 if device == "cpu" else 1e-2  # as in the full-weights test (float32, CPU kernels)
+    roles = ("solver", "verifier")
+    learner = lora_policy_map(
+        HFPolicy(a, device=device, dtype=torch.float32), roles, default_lora_config(r=8)
+    )
+    peft_model = learner["solver"].model
+    for i, role in enumerate(roles):
+        _randomise_adapter(peft_model, role, seed=10 + i)
+    engine_kwargs = {"gpu_memory_utilization": 0.2} if device == "cuda" else {}
+    engine = VLLMPolicy(
+        a, dtype="float32", max_model_len=512, enforce_eager=True, lora_rank=8, max_loras=2, **engine_kwargs
+    )
+    rollout = vllm_lora_policy_map(engine, roles)
+    assert sync_rollout_engine(rollout, learner) == list(roles)
+    first_ids = {role: rollout[role].lora_request.lora_int_id for role in roles}
+    assert len(set(first_ids.values())) == 2
+
+    prompts = ["Problem: What is 12 + 7?", "hi"]
+
+    def run(temperature: float) -> dict[str, list]:
+        reqs = [
+            GenerationRequest(
+                f"{role}{i}", role, p, SamplingParams(temperature=temperature, max_new_tokens=12, seed=i)
+            )
+            for role in roles
+            for i, p in enumerate(prompts)
+        ]
+        gens = rollout.generate(reqs)
+        return {role: [g for g, r in zip(gens, reqs, strict=True) if r.role == role] for role in roles}
+
+    def max_diff(role: str, gens: list) -> float:
+        ref = learner[role].compute_logprobs([g.prompt_ids for g in gens], [g.token_ids for g in gens], 0.0)
+        return max(
+            abs(x - y) for g, r in zip(gens, ref, strict=True) for x, y in zip(g.logprobs, r, strict=True)
+        )
+
+    before = run(0.0)
+    base = learner["solver"].view(BASE_ADAPTER)
+    for role in roles:
+        gens = before[role]
+        no_lora = base.compute_logprobs([g.prompt_ids for g in gens], [g.token_ids for g in gens], 0.0)
+        effect = max(
+            abs(x - y) for g, r in zip(gens, no_lora, strict=True) for x, y in zip(g.logprobs, r, strict=True)
+        )
+        assert effect > 100 * tol, (
+            role,
+            effect,
+        )  # the adapter is large enough for the check to mean something
+        d = max_diff(role, gens)
+        print(f"vLLM LoRA {role} vs HF forward with that adapter: max |delta log-prob| {d:.2e}")
+        assert d < tol, (role, d)
+    # the adapters matter: the two roles do not produce the same greedy continuation and log-probs
+    assert [(g.token_ids, g.logprobs) for g in before["solver"]] != [
+        (g.token_ids, g.logprobs) for g in before["verifier"]
+    ]
+    sampled = run(0.8)  # temperature-scaled log-probs per role, too
+    for role in roles:
+        ref = learner[role].compute_logprobs(
+            [g.prompt_ids for g in sampled[role]], [g.token_ids for g in sampled[role]], 0.8
+        )
+        d = max(
+            abs(x - y)
+            for g, r in zip(sampled[role], ref, strict=True)
+            for x, y in zip(g.logprobs, r, strict=True)
+        )
+        assert d < tol, (role, d)
+
+    # an update of the solver's adapter only: its outputs move (and match HF), the verifier's do not
+    _randomise_adapter(peft_model, "solver", seed=99, std=0.1)
+    learner["solver"].bump_version()
+    assert sync_rollout_engine(rollout, learner) == ["solver"]
+    assert rollout["solver"].lora_request.lora_int_id not in first_ids.values()
+    assert rollout["verifier"].lora_request.lora_int_id == first_ids["verifier"]
+    after = run(0.0)
+    assert [(g.token_ids, g.logprobs) for g in after["solver"]] != [
+        (g.token_ids, g.logprobs) for g in before["solver"]
+    ]
+    assert all(g.policy_version == 1 for g in after["solver"])
+    assert all(g.policy_version == 0 for g in after["verifier"])
+    d = max_diff("solver", after["solver"])
+    print(f"after pushing the solver's updated adapter: max |delta log-prob| vs HF {d:.2e}")
+    assert d < tol
+    for g0, g1 in zip(before["verifier"], after["verifier"], strict=True):
+        assert g1.token_ids == g0.token_ids
+        assert max(abs(x - y) for x, y in zip(g0.logprobs, g1.logprobs, strict=True)) < tol
+
+
+# ----------------------------------------------------------------------------- LoRA per role, no vLLM
+# The main env has no vLLM: these tests replace only the ``vllm`` import (LLM, SamplingParams,
+# LoRARequest) with recorders and run everything else for real (peft adapters, files, policy maps,
+# the trainer's scale-out wiring). The real engine runs them in the vLLM-on-CPU stage above.
+
+
+class _FakeLoRARequest:
+    def __init__(self, lora_name: str, lora_int_id: int, lora_path: str) -> None:
+        if lora_int_id < 1:
+            raise ValueError(f"id must be > 0, got {lora_int_id}")
+        self.lora_name, self.lora_int_id, self.lora_path = lora_name, lora_int_id, lora_path
+
+
+class _FakeEngineCore:
+    def __init__(self) -> None:
+        self.loaded: dict[int, _FakeLoRARequest] = {}
+        self.removed: list[int] = []
+
+    def add_lora(self, request: _FakeLoRARequest) -> bool:
+        files = {p.name for p in Path(request.lora_path).iterdir()}
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= files, files
+        self.loaded[request.lora_int_id] = request
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        self.removed.append(lora_id)
+        return self.loaded.pop(lora_id, None) is not None
+
+
+class _FakeLLM:
+    """Records what VLLMPolicy asks of ``vllm.LLM``; every response is two fixed tokens."""
+
+    def __init__(self, tokenizer_dir: Path, **kwargs) -> None:
+        from transformers import AutoTokenizer
+
+        self.kwargs = kwargs
+        self.llm_engine = _FakeEngineCore()
+        self.calls: list[tuple[int, _FakeLoRARequest | None]] = []
+        self._tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+
+    def get_tokenizer(self):
+        return self._tok
+
+    def generate(self, inputs, params, use_tqdm=False, lora_request=None):
+        lora = lora_request
+        if lora is not None:
+            assert lora.lora_int_id in self.llm_engine.loaded, "generating with an adapter the engine dropped"
+        self.calls.append((len(inputs), lora))
+        ids = self._tok.encode(" 42", add_special_tokens=False)[:2]
+        logprob = -0.5 if lora is None else -float(lora.lora_int_id)  # tells the adapters apart
+        out = SimpleNamespace(
+            token_ids=ids,
+            logprobs=[{t: SimpleNamespace(logprob=logprob)} for t in ids],
+            text=self._tok.decode(ids),
+            finish_reason="length",
+            stop_reason=None,
+        )
+        return [SimpleNamespace(outputs=[out]) for _ in inputs]
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch, tiny_model_dir):
+    import sys
+    import types
+
+    built: list[_FakeLLM] = []
+
+    def make_llm(**kwargs) -> _FakeLLM:
+        llm = _FakeLLM(tiny_model_dir, **kwargs)
+        built.append(llm)
+        return llm
+
+    mod = types.ModuleType("vllm")
+    mod.LLM = make_llm
+    mod.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    lora_mod, request_mod = types.ModuleType("vllm.lora"), types.ModuleType("vllm.lora.request")
+    request_mod.LoRARequest = _FakeLoRARequest
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setitem(sys.modules, "vllm.lora", lora_mod)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", request_mod)
+    return built
+
+
+def _adapter_tensors(model, role: str) -> dict[str, torch.Tensor]:
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name=role).items()}
+
+
+def _saved_tensors(request) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(request.lora_path) / "adapter_model.safetensors"))
+
+
+def _lora_learner(tiny_model_dir, roles):
+    from agents.hf import HFPolicy, default_lora_config, lora_policy_map
+
+    learner = lora_policy_map(HFPolicy(tiny_model_dir), roles, default_lora_config(r=4))
+    for i, role in enumerate(roles):
+        _randomise_adapter(learner[role].model, role, seed=i)
+    return learner
+
+
+def test_lora_engine_serves_each_role_with_its_adapter_and_a_new_id_per_push(fake_vllm, tiny_model_dir):
+    from agents.vllm import VLLMPolicy, sync_rollout_engine, vllm_lora_policy_map
+
+    roles = ("solver", "verifier")
+    learner = _lora_learner(tiny_model_dir, roles)
+    engine = VLLMPolicy("model", lora_rank=4, max_loras=2)
+    (llm,) = fake_vllm
+    assert (llm.kwargs["enable_lora"], llm.kwargs["max_lora_rank"], llm.kwargs["max_loras"]) == (True, 8, 2)
+    rollout = vllm_lora_policy_map(engine, roles)
+    reqs = [
+        GenerationRequest(f"{role}{i}", role, "Problem: 1 + 2?", SamplingParams(max_new_tokens=2, seed=i))
+        for i in range(2)
+        for role in roles
+    ]
+    with pytest.raises(RuntimeError, match="no LoRA adapter pushed for 'solver'"):
+        rollout.generate(reqs)
+
+    assert sync_rollout_engine(rollout, learner) == list(roles)
+    first = {role: rollout[role].lora_request for role in roles}
+    assert first["solver"].lora_int_id != first["verifier"].lora_int_id
+    for role in roles:  # each role's files hold that role's adapter weights
+        saved, expected = _saved_tensors(first[role]), _adapter_tensors(learner[role].model, role)
+        assert saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in saved)
+    assert not torch.equal(*(next(iter(_saved_tensors(first[r]).values())) for r in roles))
+
+    gens = rollout.generate(reqs)
+    # one engine call per role, each with that role's LoRARequest; results back in request order
+    assert sorted((n, lora.lora_name) for n, lora in llm.calls) == sorted(
+        (2, first[r].lora_name) for r in roles
+    )
+    for req, gen in zip(reqs, gens, strict=True):
+        assert gen.logprobs == [-float(first[req.role].lora_int_id)] * 2
+        assert gen.policy_version == 0
+    assert sync_rollout_engine(rollout, learner) == []  # nothing moved: nothing pushed
+
+    # the learner updates the solver's adapter only
+    _randomise_adapter(learner["solver"].model, "solver", seed=7)
+    learner["solver"].bump_version()
+    assert sync_rollout_engine(rollout, learner) == ["solver"]
+    new = rollout["solver"].lora_request
+    assert (
+        new.lora_int_id not in {r.lora_int_id for r in first.values()}
+        and new.lora_name != first["solver"].lora_name
+    )
+    assert new.lora_path != first["solver"].lora_path and not Path(first["solver"].lora_path).exists()
+    assert llm.llm_engine.removed == [first["solver"].lora_int_id]
+    assert rollout["verifier"].lora_request is first["verifier"]
+    saved, expected = _saved_tensors(new), _adapter_tensors(learner["solver"].model, "solver")
+    assert all(torch.equal(saved[k], expected[k]) for k in expected)
+    by_role = {req.role: gen for req, gen in zip(reqs, rollout.generate(reqs), strict=True)}
+    assert by_role["solver"].policy_version == 1 and by_role["verifier"].policy_version == 0
+    assert by_role["solver"].logprobs[0] == -float(new.lora_int_id)
+    assert rollout["solver"].adapter_version == 1 and rollout["verifier"].adapter_version == 0
+
+
+def test_vllm_lora_refusals(fake_vllm, tiny_model_dir) -> None:
+    from agents.hf import HFPolicy
+    from agents.vllm import VLLMPolicy, sync_rollout_engine, vllm_lora_rank
+
+    assert [vllm_lora_rank(r) for r in (1, 4, 8, 9, 300)] == [1, 8, 8, 16, 320]
+    with pytest.raises(ValueError, match="largest max_lora_rank 512"):
+        vllm_lora_rank(513)
+    plain = VLLMPolicy("model")
+    assert "enable_lora" not in fake_vllm[-1].kwargs
+    with pytest.raises(ValueError, match="without LoRA support: pass lora_rank"):
+        plain.view("solver")
+    engine = VLLMPolicy("model", lora_rank=8)
+    with pytest.raises(ValueError, match="needs a view with an adapter"):
+        engine.push_adapter(object())
+    with pytest.raises(ValueError, match="not a PEFT adapter directory"):
+        engine.view("solver").push_adapter(tiny_model_dir)
+    # per-role full models into one shared engine: refused, saying why
+    per_role = PolicyMap.per_role({r: HFPolicy(tiny_model_dir) for r in ("a", "b")})
+    with pytest.raises(ValueError, match="one vLLM engine per role"):
+        sync_rollout_engine(PolicyMap.shared(plain, ("a", "b")), per_role)
+    # LoRA learners into a shared engine: their state_dict is not the model's weights
+    with pytest.raises(ValueError, match="has LoRA adapters"):
+        sync_rollout_engine(PolicyMap.shared(plain, ("a", "b")), _lora_learner(tiny_model_dir, ("a", "b")))
+
+
+def test_scale_out_serves_lora_roles_through_one_vllm_engine(fake_vllm, tiny_model_dir) -> None:
+    """The trainer's vLLM wiring: sharing=lora -> one engine, LoRA views, adapters pushed, versions on rows;
+    sharing=per-role and Ray workers with LoRA are refused with the reason."""
+    import srpo_envs
+    from learners.scale import ScaleOut
+
+    env_fn = lambda: srpo_envs.make("ProcArith-v0", workflow="proposers-aggregator")  # noqa: E731
+    probe = env_fn()
+    roles = sorted({probe.role_of(a) for a in probe.possible_agents})
+    assert len(roles) >= 2
+    learner = _lora_learner(tiny_model_dir, roles)
+
+    def trainer(**cfg) -> SimpleNamespace:
+        from learners.trainer import TrainConfig  # the real config: its defaults for everything else
+
+        base = dict(model=str(tiny_model_dir), backend="vllm", sharing="lora", lora_rank=4)
+        return SimpleNamespace(
+            cfg=TrainConfig(**{**base, **cfg}),
+            policies=learner,
+            device=torch.device("cpu"),
+            model_path=str(tiny_model_dir),
+            roles=roles,
+            log=print,
+        )
+
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=2)
+    with pytest.raises(ValueError, match="one vLLM engine per role"):
+        ScaleOut(trainer(sharing="per-role")).collectors(env_fn, env_fn, sampling)
+    with pytest.raises(ValueError, match="rollout_workers with backend=vllm supports sharing=shared"):
+        ScaleOut(trainer(rollout_workers=1)).collectors(env_fn, env_fn, sampling)
+
+    scale = ScaleOut(trainer())
+    train, _ = scale.collectors(env_fn, env_fn, sampling)
+    (llm,) = fake_vllm
+    assert llm.kwargs["enable_lora"] and llm.kwargs["max_loras"] == len(roles)
+    batch = scale.collect(train, [0], group_size=2, seed=0)
+    ids = {role: scale.rollout_policies[role].lora_request.lora_int_id for role in roles}
+    assert len(set(ids.values())) == len(roles)
+    assert {r.role for r in batch.rows} == set(roles)
+    for row in batch.rows:  # behaviour log-probs from the role's own adapter, version recorded
+        assert row.behaviour_logprobs == [-float(ids[row.role])] * len(row.response_ids)
+        assert row.policy_version == 0
+    for pol in learner.policies:
+        pol.bump_version()
+    batch = scale.collect(train, [0], group_size=2, seed=0)
+    assert all(row.policy_version == 1 for row in batch.rows)
+    assert all(scale.rollout_policies[r].lora_request.lora_int_id not in ids.values() for r in roles)

@@ -83,3 +83,44 @@ def test_bench_quick_runs_every_suite_and_merges_outputs(tiny_model_dir: Path, t
     assert (out / "curves.png").stat().st_size > 0
     search_run = json.loads((out / "quick-search" / "compare_config.json").read_text())
     assert search_run["env_id"] == "MultiTurnSearch-v0" and search_run["workflow"] == "parallel"
+
+
+@pytest.mark.slow
+def test_ray_workers_give_the_same_comparison_as_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``workers=2`` runs the (variant, seed) jobs as Ray tasks: same accuracies, curves and records
+    as running them here one after another with the workers' torch thread count."""
+    import os
+
+    import torch
+
+    from agents.ray_rollout import shutdown_ray
+
+    def config(out: Path, workers: int) -> CompareConfig:
+        return CompareConfig(
+            model=str(tiny_model_dir),
+            out_dir=str(out),
+            variants={"srpo": {"algo": "srpo"}, "grpo": {"algo": "grpo"}},
+            seeds=(0, 1),
+            train={"iterations": 1, "tasks_per_iter": 2, "group_size": 2, "epochs": 2},
+            eval_k=2,
+            eval_limit=3,
+            max_new_tokens=8,
+            workers=workers,
+        )
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))  # what each of 2 workers gets
+    try:
+        here = run_comparison(config(tmp_path / "here", 0), log=None)
+    finally:
+        torch.set_num_threads(threads)
+    lines: list[str] = []
+    try:
+        ray = run_comparison(config(tmp_path / "ray", 2), log=lines.append)
+    finally:
+        shutdown_ray()
+    assert any("4 runs on 2 Ray workers" in line for line in lines)
+    cols = ["variant", "seed", "before", "after", "delta", "clip_frac", "approx_kl"]
+    assert here.runs[cols].equals(ray.runs[cols])
+    assert here.curves.equals(ray.curves)
+    assert [r.metrics for r in here.records] == [r.metrics for r in ray.records]

@@ -71,24 +71,36 @@ def test_shard_rejects_bad_rank() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# 2 gloo processes vs 1: the same update, and a 2-rank checkpoint resumed by 1 rank
+# 2 gloo processes vs 1: the same update (DDP-style all-reduce and FSDP2 sharding), and a 2-rank
+# checkpoint resumed by 1 rank
 # --------------------------------------------------------------------------------------------------
 
 #: float64 end to end. The 2-rank gradient is the sum of two shard gradients, the 1-process one a
 #: single sum: they differ by summation-order round-off (~1e-16 relative), which Adam's first step
-#: (lr * g / (|g| + eps)) turns into parameter differences far below this bound.
+#: (lr * g / (|g| + eps)) turns into parameter differences far below this bound. The same bound holds
+#: for FSDP2, whose reduce-scatter sums the same shard gradients (and whose runs below also split the
+#: shards into one micro-batch per event and one forward per row, another summation order).
 PARAM_TOL = 1e-9
 ALGOS = ("srpo", "grpo")
+ENGINES = ("allreduce", "fsdp2")
+#: The FSDP2 runs take a forward per row and a micro-batch per event, so the two ranks' event-atomic
+#: shards need different numbers of forward calls and micro-batches: the lockstep padding
+#: (ScaleOut.forward_plan) must run, or the collectives would hang or mix up layers.
+ENGINE_KWARGS = {
+    "allreduce": {},
+    "fsdp2": dict(dp_engine="fsdp2", forward_rows=1, max_tokens_per_microbatch=1),
+}
 
 
-def _cfg(model_dir: str, out_dir: str, algo: str) -> dict:
+def _cfg(model_dir: str, out_dir: str, algo: str, **extra) -> dict:
     return dict(
         algo=algo, model=model_dir, out_dir=out_dir, epochs=1, rows_per_batch=12, eval_every=0,
-        save_every=0, dtype="float64", device="cpu", max_new_tokens=8, seed=3,
+        save_every=0, dtype="float64", device="cpu", max_new_tokens=8, seed=3, **extra,
     )  # fmt: skip
 
 
 def _dp_worker(rank: int, world: int, port: int, model_dir: str, rows_path: str, tmp: str) -> None:
+    import json
     import os
 
     import torch.distributed as dist
@@ -107,24 +119,37 @@ def _dp_worker(rank: int, world: int, port: int, model_dir: str, rows_path: str,
     torch.set_num_threads(1)
     batch = RolloutBatch(rows=load_rows(rows_path), episodes=[])
     try:
-        for algo in ALGOS:
-            trainer = Trainer(TrainConfig(**_cfg(model_dir, f"{tmp}/{algo}", algo)), log=None)
-            assert trainer.dist.world_size == world and trainer.dist.rank == rank
-            trainer._update(batch, 1)
-            trainer.iteration = 1
-            trainer.save_checkpoint()  # rank 0 writes the full state, every rank meets at a barrier
-            if rank == 0:
-                params = {
-                    n: p.detach().clone() for n, p in trainer.policies.policies[0].model.named_parameters()
-                }
-                torch.save(params, f"{tmp}/{algo}-dp-params.pt")
+        for engine in ENGINES:
+            for algo in ALGOS:
+                cfg = _cfg(model_dir, f"{tmp}/{engine}-{algo}", algo, **ENGINE_KWARGS[engine])
+                trainer = Trainer(TrainConfig(**cfg), log=None)
+                assert trainer.dist.world_size == world and trainer.dist.rank == rank
+                assert trainer.scale.fsdp == (engine == "fsdp2")
+                lockstep = [0]
+                real = trainer._lockstep_forward
+
+                def counted(pol, real=real, lockstep=lockstep):  # noqa: ANN001, ANN202
+                    lockstep[0] += 1
+                    return real(pol)
+
+                trainer._lockstep_forward = counted  # type: ignore[method-assign]
+                trainer._update(batch, 1)
+                trainer.iteration = 1
+                trainer.save_checkpoint()  # rank 0 writes the full state, every rank meets at a barrier
+                model = trainer.policies.policies[0].model
+                params = trainer.scale.model_states()["model0"]  # gathered full weights (collective)
+                if rank == 0:
+                    names = [n for n, _ in model.named_parameters()]
+                    torch.save({n: params[n].clone() for n in names}, f"{tmp}/{engine}-{algo}-dp-params.pt")
+                with open(f"{tmp}/{engine}-{algo}-lockstep-{rank}.json", "w") as f:
+                    json.dump(lockstep[0], f)
     finally:
         dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def dp_run(tiny_model_dir, tmp_path_factory):
-    """One 2-process gloo run (both algorithms) on a fixed rollout batch; its batch and outputs."""
+    """One 2-process gloo run (both engines, both algorithms) on a fixed rollout batch; its outputs."""
     import socket
 
     import torch.multiprocessing as mp
@@ -152,35 +177,63 @@ def dp_run(tiny_model_dir, tmp_path_factory):
     return tmp, batch
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algo", ALGOS)
-def test_two_rank_update_equals_single_process(dp_run, tiny_model_dir, algo: str) -> None:
+@pytest.fixture(scope="module")
+def single_run(dp_run, tiny_model_dir):
+    """The 1-process update of each algorithm on the same batch (whole minibatch in one forward)."""
     from learners.trainer import TrainConfig, Trainer
 
     tmp, batch = dp_run
-    single = Trainer(TrainConfig(**_cfg(str(tiny_model_dir), str(tmp / f"single-{algo}"), algo)), log=None)
-    before = {n: p.detach().clone() for n, p in single.policies.policies[0].model.named_parameters()}
-    single._update(batch, 1)
-    dp = torch.load(tmp / f"{algo}-dp-params.pt", weights_only=True)
-    moved = 0.0
-    for name, p in single.policies.policies[0].model.named_parameters():
-        assert (p.detach() - dp[name]).abs().max().item() <= PARAM_TOL, name
-        moved = max(moved, (p.detach() - before[name]).abs().max().item())
-    assert moved > 1e-5  # the update did something (so equality is not trivially 0 == 0)
+    out = {}
+    for algo in ALGOS:
+        single = Trainer(TrainConfig(**_cfg(str(tiny_model_dir), str(tmp / f"single-{algo}"), algo)), log=None)
+        model = single.policies.policies[0].model
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        single._update(batch, 1)
+        out[algo] = (before, {n: p.detach().clone() for n, p in model.named_parameters()})
+    return out
 
 
 @pytest.mark.slow
-def test_checkpoint_saved_by_two_ranks_resumes_on_one(dp_run, tiny_model_dir) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_two_rank_update_equals_single_process(dp_run, single_run, algo: str, engine: str) -> None:
+    import json
+
+    tmp, _ = dp_run
+    before, after = single_run[algo]
+    dp = torch.load(tmp / f"{engine}-{algo}-dp-params.pt", weights_only=True)
+    assert set(dp) == set(after)
+    moved = 0.0
+    for name, p in after.items():
+        assert (p - dp[name]).abs().max().item() <= PARAM_TOL, name
+        moved = max(moved, (p - before[name]).abs().max().item())
+    assert moved > 1e-5  # the update did something (so equality is not trivially 0 == 0)
+    lockstep = [json.loads((tmp / f"{engine}-{algo}-lockstep-{r}.json").read_text()) for r in range(2)]
+    if engine == "fsdp2":  # the shards differed, and a rank with fewer forwards padded them
+        assert max(lockstep) > 0, lockstep
+    else:
+        assert lockstep == [0, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ENGINES)
+def test_checkpoint_saved_by_two_ranks_resumes_on_one(dp_run, tiny_model_dir, engine: str) -> None:
+    """Save 2-rank (replicated or sharded), resume 1-rank under the all-reduce engine (the
+    engine is a layout field: any world size and engine resumes the full state)."""
     from learners.trainer import TrainConfig, Trainer
 
     tmp, _ = dp_run
-    resumed = Trainer(TrainConfig(**_cfg(str(tiny_model_dir), str(tmp / "srpo"), "srpo")), log=None)
+    kwargs = {**ENGINE_KWARGS[engine], "dp_engine": "allreduce"}
+    cfg = TrainConfig(**_cfg(str(tiny_model_dir), str(tmp / f"{engine}-srpo"), "srpo", **kwargs))
+    resumed = Trainer(cfg, log=None)
     assert resumed.dist.world_size == 1
     resumed.load_checkpoint()
     assert resumed.iteration == 1
-    dp = torch.load(tmp / "srpo-dp-params.pt", weights_only=True)
+    dp = torch.load(tmp / f"{engine}-srpo-dp-params.pt", weights_only=True)
     for name, p in resumed.policies.policies[0].model.named_parameters():
         assert torch.equal(p.detach(), dp[name]), name
     state = resumed.optimizer.state_dict()["state"]
     steps = {int(s["step"]) for s in state.values()}  # Adam's moments and step counts came along
     assert state and len(steps) == 1 and steps.pop() >= 1
+    params = list(resumed.policies.policies[0].model.parameters())
+    assert all(state[i]["exp_avg"].shape == p.shape for i, p in enumerate(params))  # full, not a shard

@@ -17,39 +17,7 @@ from learners.batching import (
     gather_response_logprobs,
 )
 from learners.losses import logprobs_from_logits, srpo_loss
-
-
-def _row(
-    event_id: str,
-    member: int,
-    k: int,
-    prompt=(5, 6),
-    response=(7, 8, 9),
-    mask=None,
-    lps=None,
-    reward: float = 1.0,
-) -> Row:
-    response = list(response)
-    return Row(
-        event_id=event_id,
-        episode_id=event_id.split("/")[0],
-        pre_state_id="s",
-        event_type="t",
-        step=0,
-        agent=f"a{member}",
-        role="r",
-        member_index=member,
-        k=k,
-        prompt_ids=list(prompt),
-        response_ids=response,
-        response_mask=list(mask) if mask is not None else [1] * len(response),
-        behaviour_logprobs=list(lps) if lps is not None else [-0.1] * len(response),
-        policy_version=0,
-        task_id="T",
-        group_id="g",
-        reward=reward,
-    )
-
+from tests._builders import make_row
 
 # --------------------------------------------------------------------------------------------------
 # event-atomic minibatches
@@ -63,17 +31,17 @@ DEFECTS = ["ok", "ok", "ok", "missing", "duplicate", "same_size_dup", "extra", "
 
 def _event_rows(i: int, k: int, defect: str) -> list[Row]:
     eid = f"ep{i}/0"
-    rows = [_row(eid, m, k) for m in range(k)]
+    rows = [make_row(eid, m, k) for m in range(k)]
     if defect == "missing":
         rows.pop(k // 2)
     elif defect == "duplicate":
-        rows.append(_row(eid, k - 1, k))
+        rows.append(make_row(eid, k - 1, k))
     elif defect == "extra":
-        rows.append(_row(eid, k, k))
+        rows.append(make_row(eid, k, k))
     elif defect == "same_size_dup":  # K rows, but a member twice (K=1: an out-of-range index instead)
-        rows[0] = _row(eid, k - 1 if k > 1 else 1, k)
+        rows[0] = make_row(eid, k - 1 if k > 1 else 1, k)
     elif defect == "mixed_k":
-        rows[-1] = _row(eid, k - 1, k + 1)
+        rows[-1] = make_row(eid, k - 1, k + 1)
     return rows
 
 
@@ -167,8 +135,10 @@ def test_complete_events_and_event_values() -> None:
 
 def test_collate_layout() -> None:
     rows = [
-        _row("e/0", 0, 2, prompt=(11, 12, 13), response=(21, 22), mask=(1, 0), lps=(-0.1, -0.2), reward=0.5),
-        _row("e/0", 1, 2, prompt=(14,), response=(31, 32, 33, 34), lps=(-1, -2, -3, -4), reward=0.5),
+        make_row(
+            "e/0", 0, 2, prompt=(11, 12, 13), response=(21, 22), mask=(1, 0), lps=(-0.1, -0.2), reward=0.5
+        ),
+        make_row("e/0", 1, 2, prompt=(14,), response=(31, 32, 33, 34), lps=(-1, -2, -3, -4), reward=0.5),
     ]
     b = collate(rows, pad_id=0, event_index=torch.tensor([0, 0]))
     assert b.prompt_width == 3 and b.response_width == 4
@@ -184,7 +154,7 @@ def test_collate_layout() -> None:
     assert b.event_index.tolist() == [0, 0]
     assert collate(rows, 0, dtype=torch.float64).old_logprobs.dtype == torch.float64
     with pytest.raises(ValueError, match="prompt"):
-        collate([_row("e/0", 0, 1, prompt=())], 0)
+        collate([make_row("e/0", 0, 1, prompt=())], 0)
     with pytest.raises(ValueError):
         collate([], 0)
 
@@ -213,7 +183,7 @@ def test_gather_matches_unpadded_forward(tiny_model, attn: str) -> None:
     g = torch.Generator().manual_seed(1)
     shapes = [(3, 5), (7, 2), (1, 6), (4, 4)]
     rows = [
-        _row(
+        make_row(
             f"e{i}/0",
             0,
             1,
@@ -247,7 +217,7 @@ def test_gather_feeds_srpo_loss_end_to_end(tiny_model) -> None:
     model.config._attn_implementation = "sdpa"
     g = torch.Generator().manual_seed(2)
     rows = [
-        _row(
+        make_row(
             f"e{e}/0",
             m,
             k,

@@ -9,7 +9,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from learners.batching import collate, gather_response_logprobs
-from learners.prefix import prompt_groups, shared_prefix_logits, shared_prefix_logprobs
+from learners.prefix import (
+    pack_rows,
+    packed_logprobs,
+    prompt_groups,
+    shared_prefix_logits,
+    shared_prefix_logprobs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +113,64 @@ def test_bad_input_is_rejected(model) -> None:
         shared_prefix_logits(model, [[]], [[1]])
     with pytest.raises(ValueError, match="no response tokens"):
         shared_prefix_logits(model, [[1]], [[]])
+
+
+# -------------------------------------------------------------------------------- packing
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("pack_len", [1, 64])
+def test_packed_logprobs_and_gradients_match_the_per_row_path(
+    model, temperature: float, pack_len: int
+) -> None:
+    """pack_len=1: one segment per sequence; 64: segments share sequences (block mask across them)."""
+    prompts, responses = _rows()
+    weights = torch.randn(
+        len(prompts), max(len(r) for r in responses), generator=torch.Generator().manual_seed(1)
+    )
+    model.zero_grad(set_to_none=True)
+    ref = _per_row(model, prompts, responses, temperature)
+    (ref * weights).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    lp, mask, ent = packed_logprobs(
+        model, prompts, responses, temperature, with_entropy=True, pack_len=pack_len
+    )
+    (lp * weights).sum().backward()
+    assert mask.sum().item() == sum(len(r) for r in responses)
+    assert (lp.detach() - ref.detach()).abs().max().item() < 1e-5
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.grad, ref_grads[n], atol=1e-5, rtol=1e-4), n
+    assert ent is not None and bool((ent[mask] > 0).all()) and bool((ent[~mask] == 0).all())
+
+
+def test_pack_rows_computes_each_prompt_once() -> None:
+    prompts, responses = _rows()
+    packed = pack_rows(prompts, responses, pack_len=64)
+    # 3 distinct prompts (11 + 5 + 17 tokens) once, every response token once
+    assert packed.num_positions == 11 + 5 + 17 + sum(len(r) for r in responses)
+    seq_len = [11 + 7 + 12 + 12 + 2, 5 + 1 + 9 + 4, 17 + 3]  # segments: 44, 19, 20 -> first fit into 64
+    assert sorted(int((s >= 0).sum()) for s in packed.segment) == sorted(
+        [seq_len[0] + seq_len[2], seq_len[1]]
+    )
+    mask = packed.attention_mask()
+    assert mask.shape == (2, 1, packed.input_ids.shape[1], packed.input_ids.shape[1])
+
+
+def test_packed_eager_attention_and_bad_input(tiny_model_dir) -> None:
+    m = AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_dir), dtype=torch.float32, attn_implementation="eager"
+    )
+    prompts, responses = _rows()
+    with torch.no_grad():
+        lp, _, _ = packed_logprobs(m, prompts, responses, pack_len=64)
+        ref = _per_row(m, prompts, responses, 1.0)
+    assert (lp - ref).abs().max().item() < 1e-5
+    with pytest.raises(ValueError, match="differ in length"):
+        pack_rows([[1]], [])
+    with pytest.raises(ValueError, match="at least one token"):
+        pack_rows([[]], [[1]])
+    with pytest.raises(ValueError, match="no response tokens"):
+        pack_rows([[1]], [[]])
+    with pytest.raises(ValueError, match="pack_len"):
+        pack_rows([[1]], [[1]], pack_len=0)

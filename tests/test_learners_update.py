@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.rows import Row
 from learners.batching import build_event_table, event_minibatches, micro_batch_bounds
 from learners.losses import get_policy_loss
 from learners.trainer import TrainConfig, Trainer
+from tests._builders import make_row
 
 
 def _cfg(model: Path, out: Path, **kw) -> TrainConfig:
@@ -78,30 +78,12 @@ def test_micro_batches_accumulate_to_the_big_batch_gradient(
     assert small["loss"] == pytest.approx(big["loss"], rel=1e-9, abs=1e-12)
 
 
-def _row(event: int, member: int, k: int) -> Row:
-    return Row(
-        event_id=f"e{event}/0",
-        episode_id=f"e{event}",
-        pre_state_id="s",
-        event_type="t",
-        step=0,
-        agent=f"a{member}",
-        role="r",
-        member_index=member,
-        k=k,
-        prompt_ids=[1, 1, 1],
-        response_ids=[2, 2],
-        response_mask=[1, 1],
-        behaviour_logprobs=[-0.1, -0.1],
-        policy_version=0,
-        task_id="T",
-        group_id="g",
-        reward=0.0,
-    )
-
-
 def test_micro_batch_bounds_are_event_atomic() -> None:
-    rows = [_row(e, m, k) for e, k in enumerate([2, 1, 3]) for m in range(k)]
+    rows = [
+        make_row(f"e{e}/0", m, k, prompt=(1, 1, 1), response=(2, 2), reward=0.0)
+        for e, k in enumerate([2, 1, 3])
+        for m in range(k)
+    ]
     idx = torch.tensor([0, 0, 1, 2, 2, 2])
     assert micro_batch_bounds(rows, idx, None) == [(0, 6)]
     assert micro_batch_bounds(rows, idx, 10) == [(0, 2), (2, 3), (3, 6)]  # event 2 (15 tokens) alone

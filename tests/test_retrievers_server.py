@@ -126,6 +126,8 @@ def test_topk_defaults_to_three_and_is_clamped_to_corpus(client):
         (json.dumps({"queries": ["q"], "topk": "3"}).encode(), 422, "topk"),
         (json.dumps({"queries": ["q"], "topk": 3.0}).encode(), 422, "topk"),
         (json.dumps({"queries": ["q"], "topk": True}).encode(), 422, "topk"),
+        (b'{"queries": ["q"], "topk": NaN}', 422, "topk"),  # json accepts NaN, orjson does not
+        (b'{"queries": ["q"], "topk": 100000000000000000000}', 422, "topk"),  # > 64 bits
         (json.dumps({"queries": ["q"], "return_scores": "yes"}).encode(), 422, "return_scores"),
         (json.dumps({"queries": ["q"] * 4, "topk": 4}).encode(), 422, "exceeds 12"),
         (json.dumps({"queries": ["q"], "pad": "x" * 3000}).encode(), 413, "limit is 2000"),
@@ -241,12 +243,13 @@ def _closed_within(sock, seconds: float) -> bool:
         return True
 
 
-def test_idle_connections_are_closed(backend):
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_idle_connections_are_closed(backend, http):
     import socket
 
     from srpo_envs.retrievers.server import BackgroundServer
 
-    with BackgroundServer(create_app(backend), idle_timeout_s=0.3) as server:
+    with BackgroundServer(create_app(backend), idle_timeout_s=0.3, http=http) as server:
         silent = socket.create_connection((server.host, server.port))  # never sends a byte
         trickle = socket.create_connection((server.host, server.port))  # headers never finish
         trickle.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\n")
@@ -275,6 +278,78 @@ def test_idle_timeout_must_be_positive(backend):
 
     with pytest.raises(ValueError, match="idle_timeout_s"):
         BackgroundServer(create_app(backend), idle_timeout_s=0)
+    with pytest.raises(ValueError, match="httptools"):
+        BackgroundServer(create_app(backend), http="uvloop")
+
+
+def _http_response(sock) -> tuple[int, dict]:
+    """Read one HTTP/1.1 response with a Content-Length body off ``sock``."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed mid-response"
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    while len(rest) < int(headers["content-length"]):
+        rest += sock.recv(65536)
+    assert len(rest) == int(headers["content-length"]), "more bytes than one response"
+    return int(lines[0].split()[1]), json.loads(rest)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_pipelined_requests_are_answered_in_order_then_idle_closes(http):
+    """The header deadline must not cut off a request queued behind another on the same connection."""
+    import socket
+
+    from srpo_envs.retrievers.server import BackgroundServer
+
+    class Slow(WordOverlap):  # every search outlasts the idle timeout
+        def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+            __import__("time").sleep(0.5)
+            return super().search(queries, k)
+
+    with BackgroundServer(create_app(Slow(CORPUS)), idle_timeout_s=0.3, http=http) as server:
+        sock = socket.create_connection((server.host, server.port))
+        try:
+            for query in ("castle", "kite festival"):
+                body = json.dumps({"queries": [query], "topk": 1}).encode()
+                sock.sendall(
+                    b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+            first, second = _http_response(sock), _http_response(sock)
+            assert first == (200, {"result": [[CORPUS[3].to_document()]]})
+            assert second == (200, {"result": [[CORPUS[2].to_document()]]})
+            assert _closed_within(sock, 10.0)
+        finally:
+            sock.close()
+
+
+def test_retrieve_route_is_documented_and_answers_when_mounted(backend):
+    """/retrieve skips FastAPI's routing at the root, but stays in the OpenAPI schema, and the declared
+    route answers the same (with the same 4xx) when the app is mounted under a prefix."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    def app():  # one per client: leaving a TestClient runs the app's shutdown, which stops its search thread
+        return create_app(backend, limits=ServerLimits(max_queries=2))
+
+    body = {"queries": ["mining village"], "topk": 1, "return_scores": True}
+    expected = {"result": [[{"document": CORPUS[1].to_document(), "score": 2.0}]]}
+    with TestClient(app()) as c:
+        spec = c.get("/openapi.json").json()["paths"]["/retrieve"]["post"]
+        schema = spec["requestBody"]["content"]["application/json"]["schema"]
+        assert {"queries", "topk", "return_scores"} <= set(schema["properties"])
+        assert c.post("/retrieve", json=body).json() == expected
+    with TestClient(Starlette(routes=[Mount("/api", app=app())])) as c:
+        resp = c.post("/api/retrieve", json=body)
+        assert resp.status_code == 200 and resp.json() == expected
+        resp = c.post("/api/retrieve", json={"queries": ["a", "b", "c"]})
+        assert resp.status_code == 422 and "too many queries" in resp.json()["detail"]
+        resp = c.post("/api/retrieve", content=b"{oops", headers={"content-type": "application/json"})
+        assert resp.status_code == 400
 
 
 # ---------------------------------------------------------------- one search thread, dynamic batching

@@ -28,27 +28,43 @@ Hardening, because a policy under RL emits arbitrary strings and a trainer fires
   gap *after* a response, so a silent or trickling client could hold a socket forever);
 * any backend failure is a 503 with the exception's type and message, so clients retry; a
   failing batch is retried request by request so one bad request cannot fail its neighbours.
+
+Speed, because at one query per request the HTTP layer, not Lucene, is the cost (Lucene answers a
+query in ~0.3 ms of CPU; FastAPI + uvicorn's pure-Python h11 took ~2 ms per request): ``POST
+/retrieve`` is answered by a plain ASGI handler ahead of FastAPI's routing and middleware (the
+route stays declared, so ``/docs`` and ``/openapi.json`` describe it, and every other path goes
+through FastAPI as usual); uvicorn parses HTTP with ``httptools`` (C) on ``uvloop`` when they are
+installed; JSON is parsed and rendered with ``orjson`` (any text orjson refuses is re-parsed by the
+standard library, so errors read exactly as before); and the search thread hands a whole batch's
+answers back to the event loop in one wake-up instead of one per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
 
 import h11
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:  # C HTTP parser; without it uvicorn's pure-Python h11 (about 3x the CPU per request) is used
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools is a dependency of the search extra
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 from srpo_envs.retrievers.base import Passage, Retriever, ServerLimits
 
@@ -58,6 +74,9 @@ log = logging.getLogger(__name__)
 DEFAULT_IDLE_TIMEOUT_S = 5.0
 #: Responses with more passages than this are JSON-encoded off the event loop (~0.1 s for 10k).
 _RENDER_INLINE_MAX_PASSAGES = 256
+#: Request bodies with more ``[``/``{`` than this are parsed by ``json``, not orjson (see :func:`_loads`);
+#: far below ``json``'s recursion limit, far above any real request's nesting.
+_ORJSON_MAX_BRACKETS = 64
 
 
 class RetrieveRequest(BaseModel):
@@ -80,6 +99,11 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"detail": message}, status_code=status, headers=headers)
 
 
+def _error_body(message: str) -> bytes:
+    """``{"detail": message}`` as JSON; ASCII-escaped, so even a lone surrogate in it renders."""
+    return json.dumps({"detail": message}).encode("ascii")
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
     """Read the body, refusing (413) as soon as it exceeds ``limit`` - before buffering it all."""
     declared = request.headers.get("content-length")
@@ -94,9 +118,46 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _read_asgi_body(scope: dict[str, Any], receive: Any, limit: int) -> bytes | None:
+    """:func:`_read_body` for a raw ASGI request; None if the client disconnected meanwhile."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            if value.isdigit() and int(value) > limit:
+                raise _HTTPError(413, f"request body is {value.decode()} bytes; the limit is {limit}")
+            break
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _HTTPError(413, f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _loads(body: bytes) -> Any:
+    """Parse JSON with orjson where it agrees with the standard library, else with ``json``.
+
+    orjson refuses some text ``json`` accepts (a ``\\ud800`` escape, NaN, integers beyond 64 bits)
+    and accepts nesting ``json`` refuses (100k levels: ``json`` raises RecursionError, which is our
+    422). Bodies with many brackets and whatever orjson refuses go to ``json``, so every answer and
+    every error message is what ``json`` gives, at orjson's speed for ordinary requests.
+    """
+    if body.count(b"[") + body.count(b"{") > _ORJSON_MAX_BRACKETS:
+        return json.loads(body)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
+
+
 def _parse(body: bytes, limits: ServerLimits) -> RetrieveRequest:
     try:
-        payload = json.loads(body)
+        payload = _loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _HTTPError(400, f"request body is not valid JSON: {exc}") from None
     except RecursionError:  # valid JSON, but nested deeper than the parser's stack allows
@@ -143,23 +204,56 @@ def _render(results: list[list[Passage]], with_scores: bool) -> bytes:
         body = [[{"document": p.to_document(), "score": p.score} for p in hits] for hits in results]
     else:
         body = [[p.to_document() for p in hits] for hits in results]
-    return json.dumps({"result": body}, ensure_ascii=False).encode("utf-8")
+    return orjson.dumps({"result": body})
 
 
 class _Job:
-    __slots__ = ("future", "queries", "topk")
+    """One request for the search thread; ``future`` belongs to ``loop``, and only that loop's
+    thread may resolve it (:func:`_deliver` hands the answer over)."""
 
-    def __init__(self, queries: list[str], topk: int) -> None:
-        self.queries, self.topk = queries, topk
-        self.future: Future[list[list[Passage]]] = Future()
+    __slots__ = ("future", "loop", "queries", "topk")
+
+    def __init__(self, queries: list[str], topk: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.queries, self.topk, self.loop = queries, topk, loop
+        self.future: asyncio.Future[list[list[Passage]]] = loop.create_future()
+
+
+#: (job, succeeded, results or exception): what the search thread hands back, a batch at a time.
+_Outcome = tuple[_Job, bool, Any]
+
+
+def _settle(outcomes: list[_Outcome]) -> None:
+    """Resolve the futures of a batch - run on their loop (see :func:`_deliver`)."""
+    for job, ok, value in outcomes:
+        if not job.future.done():  # cancelled while it was searched
+            if ok:
+                job.future.set_result(value)
+            else:
+                job.future.set_exception(value)
+
+
+def _deliver(outcomes: list[_Outcome]) -> None:
+    """Hand a batch's answers back to their event loops, one wake-up per loop per batch.
+
+    Waking an event loop from another thread (``call_soon_threadsafe``) costs a pipe write, a
+    thread switch and a loop iteration; ``asyncio.wrap_future`` on a thread future paid that once
+    per request, this pays it once per batch.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+    for outcome in outcomes:
+        by_loop.setdefault(outcome[0].loop, []).append(outcome)
+    for loop, items in by_loop.items():
+        # RuntimeError: the loop is closed - the server stopped and nobody waits any more
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, items)
 
 
 class SearchBatcher:
     """The one thread that calls the backend, batching whatever requests are waiting (dynamic batching).
 
-    :meth:`submit` queues a request and returns a future. The thread takes the oldest request plus
-    every other one already waiting, up to ``max_batch_requests``, and answers each group with the
-    same ``topk`` by a single ``retriever.search`` over the concatenated queries (requests with
+    :meth:`submit` queues a request and returns an ``asyncio`` future. The thread takes the oldest
+    request plus every other one already waiting, up to ``max_batch_requests``, and answers each
+    group with the same ``topk`` by a single ``retriever.search`` over the concatenated queries (requests with
     different ``topk`` are not merged, so every answer is exactly what the request alone gets -
     tie-breaking at the cut-off can depend on ``k``). While a batch runs the next one fills up,
     so batches grow with load and a lone request waits for nobody.
@@ -183,9 +277,14 @@ class SearchBatcher:
         self.batched_requests = 0
         self.largest_batch = 0
 
-    def submit(self, queries: list[str], topk: int) -> Future[list[list[Passage]]]:
-        """Queue one request; the future resolves to its results (or the backend's exception)."""
-        job = _Job(queries, topk)
+    def submit(self, queries: list[str], topk: int) -> asyncio.Future[list[list[Passage]]]:
+        """Queue one request from a coroutine; the future (of the running loop) resolves to its
+        results or the backend's exception."""
+        job = _Job(queries, topk, asyncio.get_running_loop())
+        self._put(job)
+        return job.future
+
+    def _put(self, job: _Job) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the search thread is stopped")
@@ -193,7 +292,6 @@ class SearchBatcher:
                 self._thread = threading.Thread(target=self._run, name="srpo-search", daemon=True)
                 self._thread.start()
             self._queue.put(job)
-        return job.future
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the thread after the batch in progress; requests still queued fail with RuntimeError."""
@@ -222,23 +320,29 @@ class SearchBatcher:
                     stop = True
                     break
                 batch.append(job)
+            outcomes: list[_Outcome] = []
             try:
-                self._search_batch(batch)
+                self._search_batch(batch, outcomes)
             except BaseException as exc:  # a bug here must not kill the thread and hang every later request
                 log.exception("search thread failed on a batch")
-                for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
+                answered = {id(job) for job, _, _ in outcomes}
+                outcomes += [(job, False, exc) for job in batch if id(job) not in answered]
+            _deliver(outcomes)
+        shutdown = RuntimeError("retrieval server is shutting down")
+        late: list[_Outcome] = []
         while True:  # fail what arrived after close() instead of leaving callers waiting forever
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
-                return
-            if job is not None and job.future.set_running_or_notify_cancel():
-                job.future.set_exception(RuntimeError("retrieval server is shutting down"))
+                break
+            if job is not None and not job.future.done():
+                late.append((job, False, shutdown))
+        _deliver(late)
 
-    def _search_batch(self, batch: list[_Job]) -> None:
-        live = [job for job in batch if job.future.set_running_or_notify_cancel()]
+    def _search_batch(self, batch: list[_Job], outcomes: list[_Outcome]) -> None:
+        """Search ``batch``, appending one outcome per job that is still wanted to ``outcomes``."""
+        # done() = cancelled; read across threads, so at worst a cancelled job is searched for nothing
+        live = [job for job in batch if not job.future.done()]
         self.batches += 1
         self.batched_requests += len(live)
         self.largest_batch = max(self.largest_batch, len(live))
@@ -252,21 +356,43 @@ class SearchBatcher:
                     raise RuntimeError(f"backend returned {len(results)} result lists for the batch")
             except BaseException as exc:  # noqa: BLE001 - a backend failure must reach its callers
                 if len(jobs) == 1:
-                    jobs[0].future.set_exception(exc)
+                    outcomes.append((jobs[0], False, exc))
                 else:  # find the request that fails; the others still get their answers
-                    for job in jobs:
-                        self._search_one(job)
+                    outcomes.extend(self._search_one(job) for job in jobs)
                 continue
             start = 0
             for job in jobs:
-                job.future.set_result(results[start : start + len(job.queries)])
+                outcomes.append((job, True, results[start : start + len(job.queries)]))
                 start += len(job.queries)
 
-    def _search_one(self, job: _Job) -> None:
+    def _search_one(self, job: _Job) -> _Outcome:
         try:
-            job.future.set_result(self.retriever.search(job.queries, job.topk))
+            return job, True, self.retriever.search(job.queries, job.topk)
         except BaseException as exc:  # noqa: BLE001
-            job.future.set_exception(exc)
+            return job, False, exc
+
+
+class _RetrieverApp(FastAPI):
+    """FastAPI, with ``POST /retrieve`` answered by a plain ASGI handler ahead of the routing.
+
+    FastAPI's per-request machinery (middleware stack, routing, dependency solving, an exit stack,
+    a ``Response`` object) cost about as much CPU as Lucene's search at one query per request. The
+    route is still declared on the app - ``/docs`` and ``/openapi.json`` describe it, and it
+    answers when the app is mounted under a prefix - and every other path goes through FastAPI.
+    """
+
+    retrieve_asgi: Callable[[dict[str, Any], Any, Any], Awaitable[None]] | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if (
+            self.retrieve_asgi is not None
+            and scope["type"] == "http"
+            and scope["path"] == "/retrieve"
+            and scope["method"] == "POST"
+        ):
+            await self.retrieve_asgi(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -307,7 +433,7 @@ def create_app(
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="srpo retriever", description=__doc__, lifespan=lifespan)
+    app = _RetrieverApp(title="srpo retriever", description=__doc__, lifespan=lifespan)
     state: dict[str, Any] = {"pending": 0, "served": 0, "failed": 0, "started": time.time()}
 
     @app.exception_handler(Exception)
@@ -335,6 +461,55 @@ def create_app(
             info["largest_batch"] = batcher.largest_batch
         return info
 
+    async def answer(body: bytes) -> tuple[int, bytes, dict[str, str] | None]:
+        """Status, JSON body and extra headers for one ``/retrieve`` request body."""
+        try:
+            req = _parse(body, lim)
+        except _HTTPError as exc:
+            return exc.status, _error_body(exc.message), exc.headers
+        if state["pending"] >= max_pending:
+            return 503, _error_body(f"server busy: {max_pending} requests in flight"), {"Retry-After": "1"}
+        state["pending"] += 1
+        topk = req.topk or lim.default_topk  # _parse has already resolved None to the default
+        try:
+            if batcher is not None:
+                results = await batcher.submit(req.queries, topk)
+            else:
+                assert executor is not None
+                results = await asyncio.get_running_loop().run_in_executor(
+                    executor, retriever.search, req.queries, topk
+                )
+        except Exception as exc:
+            state["failed"] += 1
+            log.exception("retrieval backend failed")
+            return 503, _error_body(f"retrieval backend failed: {type(exc).__name__}: {str(exc)[:500]}"), None
+        finally:
+            state["pending"] -= 1
+        if sum(len(hits) for hits in results) > _RENDER_INLINE_MAX_PASSAGES:
+            content = await asyncio.to_thread(_render, results, req.return_scores)
+        else:
+            content = _render(results, req.return_scores)
+        state["served"] += 1
+        return 200, content, None
+
+    async def retrieve_asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """``POST /retrieve`` as a plain ASGI app (see :class:`_RetrieverApp`)."""
+        try:
+            body = await _read_asgi_body(scope, receive, lim.max_body_bytes)
+            if body is None:  # the client hung up before sending its whole request
+                return
+            status, content, headers = await answer(body)
+        except _HTTPError as exc:
+            status, content, headers = exc.status, _error_body(exc.message), exc.headers
+        except Exception as exc:  # what FastAPI's exception handler (_backstop) does for the other routes
+            log.exception("unhandled error in retriever server")
+            status, content, headers = 503, _error_body(f"internal error: {type(exc).__name__}: {exc}"), None
+        raw_headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(content))]
+        if headers:
+            raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": content})
+
     @app.post(
         "/retrieve",
         openapi_extra={
@@ -345,35 +520,14 @@ def create_app(
         },
     )
     async def retrieve(request: Request) -> Response:
+        """Search-R1 retrieval (see the description above for the request and response format)."""
         try:
-            req = _parse(await _read_body(request, lim.max_body_bytes), lim)
+            status, content, headers = await answer(await _read_body(request, lim.max_body_bytes))
         except _HTTPError as exc:
-            return _error(exc.status, exc.message, exc.headers)
-        if state["pending"] >= max_pending:
-            return _error(503, f"server busy: {max_pending} requests in flight", {"Retry-After": "1"})
-        state["pending"] += 1
-        topk = req.topk or lim.default_topk  # _parse has already resolved None to the default
-        try:
-            if batcher is not None:
-                results = await asyncio.wrap_future(batcher.submit(req.queries, topk))
-            else:
-                assert executor is not None
-                results = await asyncio.get_running_loop().run_in_executor(
-                    executor, retriever.search, req.queries, topk
-                )
-        except Exception as exc:
-            state["failed"] += 1
-            log.exception("retrieval backend failed")
-            return _error(503, f"retrieval backend failed: {type(exc).__name__}: {str(exc)[:500]}")
-        finally:
-            state["pending"] -= 1
-        if sum(len(hits) for hits in results) > _RENDER_INLINE_MAX_PASSAGES:
-            content = await asyncio.to_thread(_render, results, req.return_scores)
-        else:
-            content = _render(results, req.return_scores)
-        state["served"] += 1
-        return Response(content=content, media_type="application/json")
+            status, content, headers = exc.status, _error_body(exc.message), exc.headers
+        return Response(content=content, status_code=status, headers=headers, media_type="application/json")
 
+    app.retrieve_asgi = retrieve_asgi
     return app
 
 
@@ -421,7 +575,69 @@ class _H11IdleTimeout(H11Protocol):
         super().connection_lost(exc)
 
 
-def _uvicorn_config(app: FastAPI, host: str, port: int, log_level: str, idle_timeout_s: float) -> Any:
+if HttpToolsProtocol is not None:
+
+    class _HttpToolsIdleTimeout(HttpToolsProtocol):
+        """uvicorn's httptools protocol, with :class:`_H11IdleTimeout`'s deadline for request headers.
+
+        The same rule on the C parser: a timer of ``timeout_keep_alive`` runs from connection start
+        and from the end of each response after which no request is queued, until a request's headers
+        are complete; if it fires first the connection is closed.
+        """
+
+        _header_deadline: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_deadline = self.loop.call_later(self.timeout_keep_alive, self._headers_overdue)
+
+        def _disarm(self) -> None:
+            if self._header_deadline is not None:
+                self._header_deadline.cancel()
+                self._header_deadline = None
+
+        def _headers_overdue(self) -> None:
+            self._header_deadline = None
+            idle = self.cycle is None or self.cycle.response_complete  # no request is the app's
+            if idle and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._disarm()  # headers are in; the request is the app's now
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            # self.cycle is the newest request: unfinished if a pipelined one was just started
+            if not self.transport.is_closing() and self.cycle.response_complete:
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+
+def _protocol(http: str) -> type[asyncio.Protocol]:
+    """The uvicorn HTTP protocol class for ``http``: "httptools" (C parser; the default when it is
+    installed), "h11" (pure Python), or "auto"."""
+    if http == "auto":
+        http = "h11" if HttpToolsProtocol is None else "httptools"
+    if http == "httptools":
+        if HttpToolsProtocol is None:
+            raise ValueError("http='httptools' needs the httptools package (pip install httptools)")
+        return _HttpToolsIdleTimeout
+    if http == "h11":
+        return _H11IdleTimeout
+    raise ValueError(f"http must be 'auto', 'httptools' or 'h11', got {http!r}")
+
+
+def _uvicorn_config(
+    app: FastAPI, host: str, port: int, log_level: str, idle_timeout_s: float, http: str = "auto"
+) -> Any:
     import uvicorn
 
     if not idle_timeout_s > 0:
@@ -432,7 +648,7 @@ def _uvicorn_config(app: FastAPI, host: str, port: int, log_level: str, idle_tim
         port=port,
         log_level=log_level,
         lifespan="on",
-        http=_H11IdleTimeout,
+        http=_protocol(http),  # loop="auto": uvloop when installed
         timeout_keep_alive=idle_timeout_s,  # type: ignore[arg-type]  # uvicorn types it int, uses a float
     )
 
@@ -452,10 +668,11 @@ class BackgroundServer:
         log_level: str = "warning",
         *,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        http: str = "auto",
     ) -> None:
         import uvicorn
 
-        self._server = uvicorn.Server(_uvicorn_config(app, host, port, log_level, idle_timeout_s))
+        self._server = uvicorn.Server(_uvicorn_config(app, host, port, log_level, idle_timeout_s, http))
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # not main thread
         self._thread = threading.Thread(target=self._server.run, name="srpo-retriever-server", daemon=True)
         self.host = host

@@ -1,0 +1,262 @@
+"""Token-level truncated importance sampling (rollout -> training policy): weights, losses, trainer path."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from learners.batching import build_event_table, event_minibatches, micro_batch_bounds
+from learners.losses import LossConfig, get_policy_loss, grpo_loss, gspo_loss
+from learners.scale import ScaleOut
+from learners.trainer import TrainConfig, Trainer
+
+
+def _ppo_term(rho: float, adv: float, eps: float = 0.2) -> float:
+    return min(rho * adv, min(max(rho, 1 - eps), 1 + eps) * adv)
+
+
+# --------------------------------------------------------------------------------------------------
+# losses
+# --------------------------------------------------------------------------------------------------
+
+
+def test_grpo_token_weights_hand_computed() -> None:
+    lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.4, 0.0]], dtype=torch.float64)
+    old = torch.tensor([[-1.1, -1.5, -0.5], [-0.3, -0.9, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
+    adv = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    w = torch.tensor([[0.5, 2.0, 1.0], [1.5, 0.25, 9.0]], dtype=torch.float64)  # 9.0 sits on padding
+    loss, _ = grpo_loss(lp, old, mask, adv, clip_eps=0.2, token_weights=w)
+    terms = [
+        (0.5, -1.0 - -1.1, 2.0),
+        (2.0, -2.0 - -1.5, 2.0),
+        (1.0, 0.0, 2.0),
+        (1.5, 0.0, -1.0),
+        (0.25, -0.4 - -0.9, -1.0),
+    ]
+    expected = -sum(wt * _ppo_term(math.exp(d), a) for wt, d, a in terms) / 5  # token-mean: 5 tokens
+    assert loss.item() == pytest.approx(expected, abs=1e-12)
+    plain, _ = grpo_loss(lp, old, mask, adv, clip_eps=0.2)
+    ones, _ = grpo_loss(lp, old, mask, adv, clip_eps=0.2, token_weights=torch.ones_like(w))
+    assert ones.item() == plain.item() and abs(loss.item() - plain.item()) > 1e-3
+
+
+def test_gspo_token_weights_keep_the_ratio_and_weight_each_tokens_gradient() -> None:
+    old = torch.tensor([[-1.0, -2.0, -0.5, -1.0]], dtype=torch.float64)
+    delta = torch.tensor([[1e-4, -2e-4, 3e-4, 0.0]], dtype=torch.float64)  # last token is padding
+    mask = torch.tensor([[1, 1, 1, 0]], dtype=torch.float64)
+    adv = torch.tensor([1.5], dtype=torch.float64)
+    w = torch.tensor([[0.5, 2.0, 1.0, 7.0]], dtype=torch.float64)
+
+    def run(weights):
+        lp = (old + delta).clone().requires_grad_(True)
+        loss, stats = gspo_loss(lp, old, mask, adv, clip_eps=3e-4, clip_eps_high=4e-4, token_weights=weights)
+        loss.backward()
+        return loss.item(), lp.grad, stats
+
+    plain, g_plain, s_plain = run(None)
+    ones, g_ones, _ = run(torch.ones_like(w))
+    weighted, g_w, s_w = run(w)
+    log_s = float(delta[0, :3].sum() / 3)  # 6.7e-5: inside the clip range, the gradient flows
+    assert plain == pytest.approx(-1.5 * math.exp(log_s), abs=1e-12)
+    assert ones == plain and weighted == plain and s_w == s_plain  # same ratio, same clipping decision
+    assert torch.equal(g_ones, g_plain)
+    # d/d lp_t of -A s = -A s / |y| per token; weighted: times w_t; padding gets nothing
+    expected = torch.tensor(
+        [[-1.5 * math.exp(log_s) / 3 * wt for wt in (0.5, 2.0, 1.0)] + [0.0]], dtype=torch.float64
+    )
+    assert torch.allclose(g_w, expected, rtol=1e-9, atol=1e-15)
+
+
+def test_srpo_loss_refuses_token_weights() -> None:
+    lp = torch.zeros(2, 3, dtype=torch.float64)
+    cfg = LossConfig(token_weights=torch.ones(2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="per-token weights"):
+        get_policy_loss("srpo")(lp, lp, torch.ones_like(lp), torch.ones(2), torch.tensor([0, 0]), cfg)
+
+
+@pytest.mark.parametrize("algo", ["srpo", "mappo", "grpo", "gspo", "rloo"])
+def test_tis_token_is_refused_for_event_losses(algo: str) -> None:
+    if algo == "srpo":
+        with pytest.raises(ValueError, match="--tis event"):
+            TrainConfig(algo=algo, model="m", tis="token")
+    else:
+        assert TrainConfig(algo=algo, model="m", tis="token").tis == "token"
+
+
+# --------------------------------------------------------------------------------------------------
+# ScaleOut.prepare: the weights and their metrics
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def learner_and_batch(tiny_model_dir):
+    import srpo_envs
+    from agents.hf import HFPolicy
+    from agents.policy import PolicyMap, SamplingParams
+    from agents.rollout import RolloutCollector
+
+    policy = HFPolicy(tiny_model_dir)
+    collector = RolloutCollector(
+        lambda: srpo_envs.make("ProcArith-v0", workflow="proposers-aggregator"),
+        PolicyMap.shared(policy),
+        SamplingParams(temperature=1.0, max_new_tokens=6),
+    )
+    return policy, collector.collect([0, 1], group_size=2, seed=4)
+
+
+def _scale(policy, **cfg) -> ScaleOut:
+    """A ScaleOut whose trainer is a real TrainConfig (every field present) and the tiny policy."""
+    from types import SimpleNamespace
+
+    from agents.policy import PolicyMap
+
+    config = TrainConfig(
+        **{"model": "m", "algo": "grpo", "backend": "vllm", "tis": "token", "tis_cap": 1.5, **cfg}
+    )
+    trainer = SimpleNamespace(cfg=config, policies=PolicyMap.shared(policy), device=torch.device("cpu"))
+    return ScaleOut(trainer)
+
+
+def test_prepare_token_level_weights_hand_computed(learner_and_batch) -> None:
+    policy, batch = learner_and_batch
+    shifts = (0.7, 0.2, -0.3)  # per token, cycling: exp(0.7) = 2.01 > cap 1.5, the others below it
+    rows = [
+        dataclasses.replace(
+            r, behaviour_logprobs=[x - shifts[t % 3] for t, x in enumerate(r.behaviour_logprobs)]
+        )
+        for r in batch.rows
+    ]
+    out, weights, stats = _scale(policy).prepare(dataclasses.replace(batch, rows=rows), event_loss=False)
+    width = max(len(r.response_ids) for r in batch.rows)
+    assert weights is not None and tuple(weights.shape) == (len(rows), width)
+    expected, capped = [], []
+    for i, r in enumerate(batch.rows):
+        for t in range(width):
+            if t >= len(r.response_ids) or not r.response_mask[t]:
+                assert weights[i, t].item() == 0.0  # padding / env text: out of the loss
+                continue
+            w = min(1.5, math.exp(shifts[t % 3]))
+            assert weights[i, t].item() == pytest.approx(w, rel=1e-3)
+            expected.append(w)
+            capped.append(w == 1.5)
+    assert stats["rollout/tis_weight_mean"] == pytest.approx(sum(expected) / len(expected), rel=1e-3)
+    assert stats["rollout/tis_capped_frac"] == pytest.approx(sum(capped) / len(capped), abs=1e-12)
+    assert 0 < stats["rollout/tis_capped_frac"] < 1
+    # behaviour == training log-probs: every weight 1 (float32 recompute noise only), nothing capped
+    _, same, same_stats = _scale(policy).prepare(batch, event_loss=False)
+    on = torch.tensor(
+        [[t < len(r.response_ids) and bool(r.response_mask[t]) for t in range(width)] for r in batch.rows]
+    )
+    assert torch.allclose(same[on], torch.ones(int(on.sum()), dtype=same.dtype), atol=1e-4)
+    assert same_stats["rollout/tis_capped_frac"] == 0.0
+
+
+def test_capped_fraction_counts_a_cap_that_exp_log_rounds_below(learner_and_batch) -> None:
+    """exp(log 5) is 4.999... in float64: a ratio at the cap must still count as capped."""
+    policy, batch = learner_and_batch
+    rows = [
+        dataclasses.replace(r, behaviour_logprobs=[x - 3.0 for x in r.behaviour_logprobs]) for r in batch.rows
+    ]
+    _, _, stats = _scale(policy, tis_cap=5.0).prepare(dataclasses.replace(batch, rows=rows), event_loss=False)
+    assert stats["rollout/tis_capped_frac"] == 1.0
+    assert stats["rollout/tis_weight_mean"] == pytest.approx(5.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# trainer: token weights through MiniBatch.collate -> Batch.take -> LossConfig
+# --------------------------------------------------------------------------------------------------
+
+
+def _trainer(model: Path, out: Path, **kw) -> Trainer:
+    base = dict(
+        model=str(model), out_dir=str(out), iterations=1, tasks_per_iter=2, group_size=2, epochs=1,
+        max_new_tokens=8, eval_every=0, save_every=0, lr=0.0, max_grad_norm=1e9, dtype="float64",
+    )  # fmt: skip
+    base.update(kw)
+    return Trainer(TrainConfig(**base), log=None)
+
+
+def _grads(trainer: Trainer) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None])
+
+
+def test_token_weights_reach_the_loss_and_accumulate_over_micro_batches(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Table-wide [R, T] weights -> MiniBatch.collate -> Batch.take -> LossConfig (the path is the same
+    for every loss that takes token weights; GSPO's weighting is checked by hand above)."""
+    trainer = _trainer(tiny_model_dir, tmp_path, algo="grpo")
+    batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
+    for r in batch.rows:  # sample g0 of each task wins: every group has a non-zero advantage
+        r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
+        r.reward = r.outcome_reward - r.penalty
+    table = build_event_table(batch.rows)
+    adv = trainer._advantages(table)
+    mb = event_minibatches(table, shuffle=False)[0]
+    loss_fn = get_policy_loss(trainer.algorithm.loss)
+    unit = loss_fn.unit(trainer._loss_config())
+    width = max(len(r.response_ids) for r in table.rows)
+    g = torch.Generator().manual_seed(0)
+    weights = 0.5 + 1.5 * torch.rand(table.num_rows, width, generator=g, dtype=torch.float64)
+
+    def step(w, budget=None):
+        trainer.cfg.max_tokens_per_microbatch = budget
+        out = trainer._minibatch_step(mb, table, adv, loss_fn, unit, w)
+        return out, _grads(trainer).clone()
+
+    _, g_none = step(None)
+    _, g_ones = step(torch.ones(table.num_rows, width, dtype=torch.float64))
+    big, g_w = step(weights)
+    assert g_none.abs().sum() > 0
+    assert torch.allclose(g_ones, g_none, rtol=1e-12, atol=1e-15)  # w = 1: the no-TIS update
+    assert not torch.allclose(g_w, g_none, rtol=1e-3)  # the weights act
+    budget = max(sum(len(r.prompt_ids) + len(r.response_ids) for r in mb.rows) // 5, 1)
+    assert len(micro_batch_bounds(mb.rows, mb.event_index, budget)) >= 4
+    small, g_small = step(weights, budget)  # Batch.take slices the weights with their rows
+    assert torch.allclose(g_small, g_w, rtol=1e-9, atol=1e-12)
+    assert small["loss"] == pytest.approx(big["loss"], rel=1e-9, abs=1e-12)
+
+
+def test_update_with_token_tis_and_learner_behaviour_equals_no_tis(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The whole _update path with tis=token against the learner's own log-probs (a vLLM engine that
+    agrees with the learner): every weight ~1, nothing capped, and the update's gradient equals the one
+    without TIS; behaviour log-probs shifted so that the weights vary per token change the gradient.
+    (lr = 0: one trainer, the same parameters for the three updates.)"""
+    trainer = _trainer(tiny_model_dir, tmp_path, algo="grpo", tis="token")
+    batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
+    for r in batch.rows:
+        r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
+        r.reward = r.outcome_reward - r.penalty
+    # the rollout engine more (even tokens) or less (odd tokens) confident than the learner
+    shifted = [
+        dataclasses.replace(
+            r, behaviour_logprobs=[x + (0.3 if t % 2 else -0.3) for t, x in enumerate(r.behaviour_logprobs)]
+        )
+        for r in batch.rows
+    ]
+    grads, logs = {}, {}
+    for name, backend, rows in (
+        ("tis", "vllm", batch.rows),
+        ("plain", "hf", batch.rows),
+        ("shifted", "vllm", shifted),
+    ):
+        trainer.cfg.backend = backend  # the learner recomputes pi_old as it would for vLLM rollouts
+        for pol in trainer.policies.policies:
+            pol.policy_version = 0  # the rows' version: _update bumps it, and stale rows are refused
+        logs[name] = trainer._update(dataclasses.replace(batch, rows=rows), 1)
+        grads[name] = _grads(trainer).clone()
+    assert logs["tis"]["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=1e-6)  # recompute noise
+    assert logs["tis"]["rollout/tis_capped_frac"] == 0.0
+    assert "rollout/tis_weight_mean" not in logs["plain"]
+    assert grads["plain"].abs().sum() > 0
+    assert torch.allclose(grads["tis"], grads["plain"], rtol=1e-5, atol=1e-12)
+    moved = logs["shifted"]  # weights exp(+-0.3) = 1.35 / 0.74, both under the cap 2
+    assert moved["rollout/tis_capped_frac"] == 0.0 and moved["rollout/tis_weight_mean"] > 1.01
+    assert not torch.allclose(grads["shifted"], grads["plain"], rtol=1e-3)

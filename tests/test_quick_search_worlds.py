@@ -1,0 +1,32 @@
+"""quick-search measures reading, not memory: its evaluation world is one no training run has seen."""
+
+from __future__ import annotations
+
+from benchmarks.presets import QUICK_SEARCH_TRAIN_KB_SEED, TRAINING_ENVS
+from benchmarks.suites import SUITES
+from learners.presets import RECIPES
+from learners.sft import SFTConfig, _training_worlds
+from srpo_envs.tasks.knowledge_base import make_knowledge_base
+
+
+def _eval_worlds() -> set[int]:
+    return {int(ds.env_kwargs["kb_seed"]) for ds in SUITES["quick-search"].datasets}
+
+
+def test_quick_search_evaluates_in_worlds_neither_sft_nor_rl_trained_in() -> None:
+    sft_worlds = {w for stage in RECIPES["search"] for w in _training_worlds(SFTConfig(**stage))}
+    rl_world = int(TRAINING_ENVS["quick-search"].env_kwargs["kb_seed"])
+    assert rl_world == QUICK_SEARCH_TRAIN_KB_SEED
+    assert _eval_worlds() and not _eval_worlds() & (sft_worlds | {rl_world})
+    # the final warm-start pass plays many worlds and is itself evaluated in unseen ones
+    last = SFTConfig(**RECIPES["search"][-1])
+    assert last.kb_worlds > 1 and set(last.eval_kb_seeds) >= _eval_worlds()
+
+
+def test_quick_search_eval_world_shares_no_passage_or_question_with_the_rl_world() -> None:
+    (eval_world,) = _eval_worlds()
+    eval_passages, eval_tasks = make_knowledge_base(seed=eval_world, split="test")
+    train_passages, train_tasks = make_knowledge_base(seed=QUICK_SEARCH_TRAIN_KB_SEED, split="all")
+    assert not {p.title for p in eval_passages} & {p.title for p in train_passages}
+    assert not {t.question for t in eval_tasks} & {t.question for t in train_tasks}
+    assert [t.meta["kb_seed"] for t in SUITES["quick-search"].datasets[0].load_tasks(4)] == [eval_world] * 4
