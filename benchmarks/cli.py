@@ -19,7 +19,9 @@ from benchmarks.presets import (  # noqa: F401  (re-exported: the presets' old h
     BUNDLED_SEARCH_MODEL,
     COMPARE_DEFAULTS,
     QUICK_SETTINGS,
+    QUICK_SUITES,
     QUICK_TRAIN,
+    QUICK_WORKERS,
     TRAINING_ENVS,
     TrainingEnv,
 )
@@ -46,7 +48,8 @@ def eval_cmd(
     model: Annotated[
         str,
         typer.Option(
-            "--model", help="Model directory (transformers format) or hub id owner/name (cached, or downloaded)."
+            "--model",
+            help="Model directory (transformers format) or hub id owner/name (cached, or downloaded).",
         ),
     ],
     suite: Annotated[
@@ -61,7 +64,9 @@ def eval_cmd(
     ] = None,
     k: Annotated[
         int | None,
-        typer.Option("--k", min=1, help="Samples per problem (Avg@k, pass@k); default: the suite's (16 for math)."),
+        typer.Option(
+            "--k", min=1, help="Samples per problem (Avg@k, pass@k); default: the suite's (16 for math)."
+        ),
     ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="At most N problems per dataset.")] = None,
     out: Annotated[
@@ -70,7 +75,9 @@ def eval_cmd(
     seed: Annotated[int, typer.Option(help="Run seed (sampling seeds derive from it).")] = 0,
     seeds: Annotated[
         str | None,
-        typer.Option(help="Comma-separated seeds (overrides --seed): one eval each, then ± and CIs over them."),
+        typer.Option(
+            help="Comma-separated seeds (overrides --seed): one eval each, then ± and CIs over them."
+        ),
     ] = None,
     method: Annotated[
         str | None, typer.Option(help="Row name in paper tables (default: --algorithm, else MODEL's name).")
@@ -209,7 +216,11 @@ def eval_cmd(
             cache_key=weights or str(model_dir.resolve()),
             collector_factory=collector_factory,
         )
-        result.run_info["model"] = {"path": str(model_dir.resolve()), "weights_sha256": weights, "device": device}
+        result.run_info["model"] = {
+            "path": str(model_dir.resolve()),
+            "weights_sha256": weights,
+            "device": device,
+        }
         result.run_info["rollout"] = {"backend": backend, "workers": workers}
         result.run_info["method"] = name
         print_table(result)
@@ -237,7 +248,10 @@ def eval_cmd(
         from srpo_common import atomic_write_text
 
         record = result.to_record(  # the per-sample evidence goes to OUT/samples/<sha256>.jsonl
-            algorithm, model_id=model_id or model_dir.resolve().name, weights_sha256=weights, evidence_dir=out_dir
+            algorithm,
+            model_id=model_id or model_dir.resolve().name,
+            weights_sha256=weights,
+            evidence_dir=out_dir,
         )
         path = atomic_write_text(out_dir / "record.json", dump_record_json(record))
         typer.echo(f"wrote {path} ({record.short_hash})")
@@ -371,7 +385,9 @@ def compare_cmd(
     out: Path = typer.Option(Path("runs/compare"), help="output directory"),
     algos: str = typer.Option("srpo,grpo,mappo", help="comma-separated algorithms"),
     seeds: str = typer.Option(COMPARE_DEFAULTS["seeds"], help="comma-separated seeds"),
-    suite: str = typer.Option("quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"),
+    suite: str = typer.Option(
+        "quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"
+    ),
     iterations: int = COMPARE_DEFAULTS["iterations"],
     tasks_per_iter: int = QUICK_TRAIN["tasks_per_iter"],
     group_size: int = QUICK_TRAIN["group_size"],
@@ -427,7 +443,9 @@ def ablation_cmd(
     model: str = typer.Option(..., help="warm-started model directory or hub id (owner/name)"),
     out: Path = typer.Option(Path("runs/ablation"), help="output directory"),
     seeds: str = COMPARE_DEFAULTS["ablation_seeds"],
-    suite: str = typer.Option("quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"),
+    suite: str = typer.Option(
+        "quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"
+    ),
     iterations: int = COMPARE_DEFAULTS["iterations"],
     eval_k: int | None = typer.Option(
         None, "--eval-k", "--k", min=1, help="eval samples per problem (default: 16 for math suites, else 2)"
@@ -512,22 +530,60 @@ def quick_cmd(
     columns_model: Path | None = typer.Option(
         None, help="column-addition warm start (default: the bundled mini-columns-sft, else built)"
     ),
-    suites: str = typer.Option(
-        "quick-columns,quick-math,quick-search", help="comma-separated CPU-scale suites"
-    ),
+    suites: str = typer.Option(",".join(QUICK_SUITES), help="comma-separated CPU-scale suites"),
     seeds: str = "0,1",
     iterations: int | None = typer.Option(None, help="RL iterations per run (default: per suite)"),
-    eval_limit: int = 32,
+    eval_limit: int | None = typer.Option(None, help="eval problems per dataset (default: per suite)"),
+    workers: int = typer.Option(QUICK_WORKERS, min=0, help=_WORKERS_HELP),
+    ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
 ) -> None:
     """The main job: warm-started tiny models -> SRPO, GRPO, MAPPO per suite -> tables, records, page."""
+    import contextlib
     import time
-
-    from benchmarks.presets import ALGORITHMS
 
     start = time.perf_counter()
     names = [x.strip() for x in suites.split(",") if x.strip()]
     for name in names:
         _training_env(name)
+    with contextlib.ExitStack() as stack:
+        if workers > 0:  # one Ray for every suite's runs (each compare would otherwise start its own)
+            from agents.ray_rollout import ensure_ray, shutdown_ray
+            from benchmarks.compare import worker_threads
+
+            ensure_ray(ray_address, num_cpus=workers * worker_threads(workers))
+            stack.callback(shutdown_ray)
+        results = _quick_suites(
+            names,
+            out,
+            model,
+            search_model,
+            columns_model,
+            seeds,
+            iterations,
+            eval_limit,
+            workers,
+            ray_address,
+        )
+    for name, path in sorted(_merge_quick_outputs(out, results).items()):
+        typer.echo(f"wrote {name}: {path}")
+    typer.echo(f"bench quick finished in {time.perf_counter() - start:.0f}s")
+
+
+def _quick_suites(
+    names: list[str],
+    out: Path,
+    model: Path | None,
+    search_model: Path | None,
+    columns_model: Path | None,
+    seeds: str,
+    iterations: int | None,
+    eval_limit: int | None,
+    workers: int,
+    ray_address: str | None,
+) -> dict[str, Any]:
+    """Each suite of ``bench quick`` from its warm start: SRPO, GRPO and MAPPO x seeds, before/after."""
+    from benchmarks.presets import ALGORITHMS
+
     results: dict[str, Any] = {}
     for name in names:
         env = TRAINING_ENVS[name]
@@ -548,12 +604,12 @@ def quick_cmd(
             name,
             train,
             settings["eval_k"],
-            eval_limit,
+            eval_limit or settings["eval_limit"],
             f"{name}: held-out Avg@{settings['eval_k']} before -> after RL (mean ± std over seeds)",
+            workers,
+            ray_address,
         )
-    for name, path in sorted(_merge_quick_outputs(out, results).items()):
-        typer.echo(f"wrote {name}: {path}")
-    typer.echo(f"bench quick finished in {time.perf_counter() - start:.0f}s")
+    return results
 
 
 def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:

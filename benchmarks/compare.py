@@ -220,9 +220,7 @@ def train_and_evaluate(
     return RunOutput(run, curves, k_rows, result)
 
 
-def _jobs(
-    cfg: CompareConfig, say: Callable[[str], None]
-) -> Iterator[tuple[tuple[str, int], RunOutput]]:
+def _jobs(cfg: CompareConfig, say: Callable[[str], None]) -> Iterator[tuple[tuple[str, int], RunOutput]]:
     """Every (variant, seed) job's output as it finishes: in this process one after another, or with
     ``cfg.workers`` > 0 as Ray tasks, at most ``workers`` at a time, each with an equal share of this
     machine's cores as torch threads (a 2.4M-parameter model uses two threads poorly; two runs side by
@@ -235,7 +233,7 @@ def _jobs(
         return
     from agents.ray_rollout import ensure_ray, shutdown_ray
 
-    threads = max(1, (os.cpu_count() or 1) // cfg.workers)
+    threads = worker_threads(cfg.workers)
     started_here = not _ray_initialized()
     ray = ensure_ray(cfg.ray_address, num_cpus=cfg.workers * threads)
     remote = ray.remote(num_cpus=threads, max_calls=1)(train_and_evaluate)
@@ -253,6 +251,11 @@ def _jobs(
             ray.cancel(ref, force=True)
         if started_here:
             shutdown_ray()
+
+
+def worker_threads(workers: int) -> int:
+    """Torch threads of each of ``workers`` concurrent runs: an equal share of this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
 def _ray_initialized() -> bool:
@@ -299,15 +302,21 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     column_order = ["variant", "seed", "before", "after", "delta", "train_s", "eval_s", *UPDATE_DIAGNOSTICS]
     runs_df = pd.DataFrame([o.run for o in ordered])[column_order]
     curves_df = pd.DataFrame([c for o in ordered for c in o.curves])
-    k_df = pd.DataFrame([r for o in ordered for r in o.k_rows], columns=["variant", "seed", "iteration", "k", "count"])
+    k_df = pd.DataFrame(
+        [r for o in ordered for r in o.k_rows], columns=["variant", "seed", "iteration", "k", "count"]
+    )
     table = _summary_table(cfg, runs_df, evals)
     paths = _write_outputs(cfg, out, table, runs_df, curves_df)
-    if cfg.workflow == "routed" and not k_df.empty:  # the router chooses K: its mean and histogram over training
+    if (
+        cfg.workflow == "routed" and not k_df.empty
+    ):  # the router chooses K: its mean and histogram over training
         from benchmarks.report import plot_k_over_training
 
         paths["k_counts"] = write_csv(k_df, out / "k_over_training.csv")
         paths["k_over_training"] = plot_k_over_training(
-            k_df, out / "k_over_training.png", title=f"{cfg.suite}: K of every training event (route/aggregate events have K=1)"
+            k_df,
+            out / "k_over_training.png",
+            title=f"{cfg.suite}: K of every training event (route/aggregate events have K=1)",
         )
     paper_runs = [
         run_from_result(evals[(name, s)], START_LABEL if name == "start" else name, s)
@@ -329,12 +338,30 @@ def _summary_table(
     rows = []
     starts = [_macro_accuracy(evals[("start", s)]) for s in cfg.seeds]
     datasets = list(evals[("start", cfg.seeds[0])].table.index)
+    # how the team worked on the held-out problems, beside accuracy: searches (search suites) and the
+    # router's K (routed suites), macro over datasets, mean ± std over seeds
+    team_cols = {
+        label: col
+        for label, col in (("eval tool calls", "tool_calls_per_problem"), ("eval K", "mean_k"))
+        if any(
+            float(np.nan_to_num(r.macro.get(col, 0.0))) > (1.0 if col == "mean_k" else 0.0)
+            for r in evals.values()
+        )
+    }
+
+    def team(name: str) -> dict[str, str]:
+        return {
+            label: format_mean_std(*_ms([evals[(name, s)].macro[col] for s in cfg.seeds]), digits=2)
+            for label, col in team_cols.items()
+        }
+
     rows.append(
         {
             "variant": "start (SFT)",
             "before": format_mean_std(np.mean(starts), _std(starts)),
             "after": "",
             "delta": "",
+            **team("start"),
             **{
                 f"{d} avg@{k}": format_mean_std(
                     *_ms([evals[("start", s)].table.loc[d, "avg@k"] for s in cfg.seeds])
@@ -356,6 +383,7 @@ def _summary_table(
                 "mean |L_e|": format_mean_std(*_ms(sub["mean_abs_log_ratio"]), digits=4),
                 "approx_kl": format_mean_std(*_ms(sub["approx_kl"]), digits=5),
                 "mean K": format_mean_std(*_ms(sub["mean_k"]), digits=2),
+                **team(name),
                 **{
                     f"{d} avg@{k}": format_mean_std(
                         *_ms([evals[(name, s)].table.loc[d, "avg@k"] for s in cfg.seeds])

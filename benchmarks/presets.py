@@ -102,23 +102,32 @@ QUICK_TRAIN: dict[str, Any] = {
     "lr": 3e-5,
 }
 
-#: Per-suite RL settings and eval k of ``bench quick``.
+#: The suites ``srpo bench quick`` runs, in order: one where RL removes a habit on held-out problems,
+#: its routed version (the router picks K, each member costs reward) and the search suite.
+QUICK_SUITES: tuple[str, ...] = ("quick-columns", "quick-columns-routed", "quick-search")
+#: ``bench quick`` trains this many runs at a time (Ray tasks, cores split between them): the tiny
+#: models use two threads poorly, two runs side by side use two cores well. 0: one at a time here.
+QUICK_WORKERS = 2
+
+#: The column suites' RL: 16 tasks x G=8 per iteration, each rollout batch split into two minibatches
+#: (the second step is off-policy, so the clipped objectives act), lr 1e-4.
+_COLUMNS_TRAIN: dict[str, Any] = {
+    **QUICK_TRAIN,
+    "iterations": 4,
+    "tasks_per_iter": 16,
+    "group_size": 8,
+    "minibatches_per_iter": 2,
+    "lr": 1e-4,
+    "max_tokens_per_microbatch": 4096,
+}
+
+#: Per-suite RL settings, eval k and eval problems per dataset of ``bench quick``.
 QUICK_SETTINGS: dict[str, dict[str, Any]] = {
-    # larger batches, one optimizer step each, lr 1e-4
-    "quick-columns": {
-        "train": {
-            **QUICK_TRAIN,
-            "iterations": 5,
-            "tasks_per_iter": 16,
-            "group_size": 8,
-            "rows_per_batch": 1024,
-            "lr": 1e-4,
-        },
-        "eval_k": 2,
-    },
-    "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2},
+    "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
+    "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
+    "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2, "eval_limit": 32},
     # search episodes run up to 4 events with long prompts (MAPPO's critic reads them too): fewer iterations
-    "quick-search": {"train": {**QUICK_TRAIN, "iterations": 8}, "eval_k": 2},
+    "quick-search": {"train": {**QUICK_TRAIN, "iterations": 8}, "eval_k": 2, "eval_limit": 32},
 }
 
 #: Comparison variants: name -> ``TrainConfig`` overrides.

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,6 +51,7 @@ __all__ = [
     "event_minibatches",
     "gather_response_logprobs",
     "micro_batch_bounds",
+    "prefix_micro_batches",
     "shard_minibatch",
 ]
 
@@ -442,6 +444,62 @@ def micro_batch_bounds(
         i = j
     bounds.append((start, n))
     return bounds
+
+
+def _trie_insert(trie: dict[int, Any], seq: Sequence[int]) -> int:
+    """Insert ``seq`` into a nested-dict prefix tree; return how many nodes it added."""
+    added = 0
+    node = trie
+    for tok in seq:
+        child = node.get(tok)
+        if child is None:
+            child = node[tok] = {}
+            added += 1
+        node = child
+    return added
+
+
+def prefix_micro_batches(rows: Sequence[Row], event_index: Tensor, max_tokens: int | None) -> list[list[int]]:
+    """Event-atomic micro-batches for a prefix-tree forward (:func:`learners.prefix.pack_rows`).
+
+    Why not :func:`micro_batch_bounds`: a prefix-tree forward computes each distinct prefix once, so
+    a micro-batch costs the nodes of its rows' prefix tree, not their summed lengths, and rows that
+    share prefixes (a task's G samples, an episode's proposers) should land in the same micro-batch.
+    Events are ordered by their smallest ``prompt + response`` sequence (so events on one prompt are
+    adjacent) and a micro-batch is closed when the next event would take its tree past
+    ``max_tokens`` nodes (an event over the budget goes alone; events are never split). The gradient
+    is a sum over events, so the order only changes float summation order. ``max_tokens=None``: one
+    micro-batch with every row in input order.
+
+    Returns the row indices (into ``rows``) of each micro-batch.
+    """
+    n = len(rows)
+    if n == 0:
+        return []
+    if max_tokens is None:
+        return [list(range(n))]
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    members: dict[int, list[int]] = {}
+    for i, e in enumerate(event_index.tolist()):
+        members.setdefault(e, []).append(i)
+    seqs = [(*r.prompt_ids, *r.response_ids) for r in rows]
+    order = sorted(members.values(), key=lambda m: min(seqs[i] for i in m))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    trie: dict[int, Any] = {}
+    used = 0
+    for event_rows in order:
+        cost = sum(_trie_insert(trie, seqs[i]) for i in event_rows)
+        if cur and used + cost > max_tokens:
+            out.append(cur)
+            trie = {}
+            cur, used = [], sum(_trie_insert(trie, seqs[i]) for i in event_rows)
+        else:
+            used += cost
+        cur.extend(event_rows)
+    out.append(cur)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

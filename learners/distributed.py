@@ -224,6 +224,9 @@ def fsdp2_shard(model: torch.nn.Module) -> torch.nn.Module:
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
+            # a plain SUM collective: for float32/bf16 a custom factor is otherwise a PREMUL_SUM, which
+            # gloo (CPU) does not implement
+            m.set_force_sum_reduction_for_comms(True)
     return model
 
 
@@ -291,9 +294,7 @@ def load_full_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str,
         return value
 
     entries = state["state"]
-    sharded = {
-        pid: {k: shard(v, params[int(pid)]) for k, v in entries[pid].items()} for pid in entries
-    }
+    sharded = {pid: {k: shard(v, params[int(pid)]) for k, v in entries[pid].items()} for pid in entries}
     optimizer.load_state_dict({**state, "state": sharded})
 
 

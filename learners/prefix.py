@@ -36,6 +36,8 @@ __all__ = [
     "PackedRows",
     "pack_rows",
     "packed_logprobs",
+    "packed_logits",
+    "prefix_tree_size",
     "prompt_groups",
     "shared_prefix_logits",
     "shared_prefix_logprobs",
@@ -166,23 +168,25 @@ def shared_prefix_logprobs(
 
 
 # --------------------------------------------------------------------------------------------------
-# packing: one sequence per distinct prompt, a block attention mask instead of a KV cache
+# packing: the rows' prefix tree in a few sequences, an ancestor attention mask instead of a KV cache
 # --------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class PackedRows:
-    """Rows packed as ``prompt, response_1, response_2, ...`` per distinct prompt (see :func:`pack_rows`).
+    """Rows packed as a prefix tree (see :func:`pack_rows`).
 
     Attributes:
-        input_ids: ``[N, L]`` int64, packed sequences right-padded with ``pad_id``.
-        position_ids: ``[N, L]`` int64: ``0..p-1`` on a prompt, ``p..p+t-1`` on each of its responses
-            (the positions of the unpadded ``prompt + response`` row), 0 on padding.
-        segment: ``[N, L]`` int64, the distinct prompt a token belongs to (-1 on padding).
-        part: ``[N, L]`` int64, 0 on prompt tokens, ``1 + i`` on the tokens of row ``i``'s response
-            (-1 on padding).
-        src_seq, src_pos: ``[M]`` int64, where the output that predicts each of the ``M`` response
-            tokens sits (row-major over rows, then tokens).
+        input_ids: ``[N, L]`` int64, the tree's nodes (one token each) in depth-first order, several
+            trees per sequence, right-padded with ``pad_id``.
+        position_ids: ``[N, L]`` int64, each node's depth, i.e. its position in every row that passes
+            through it (0 on padding).
+        subtree_end: ``[N, L]`` int64, one past the last node of each node's subtree (node ``j`` is an
+            ancestor of node ``i`` iff ``j <= i < subtree_end[j]``); padding: its own index + 1.
+        real: ``[N, L]`` bool, False on padding.
+        src_seq, src_pos: ``[U]`` int64, the distinct nodes whose outputs predict response tokens.
+        src_index: ``[M]`` int64, for each of the ``M`` response tokens (rows, then tokens), its
+            predicting node in ``src_*``.
         dst_row, dst_col: ``[M]`` int64, the token's place in the ``[R, T]`` response layout.
         labels: ``[M]`` int64, the response tokens.
         shape: ``(R, T)``.
@@ -190,57 +194,78 @@ class PackedRows:
 
     input_ids: Tensor
     position_ids: Tensor
-    segment: Tensor
-    part: Tensor
+    subtree_end: Tensor
+    real: Tensor
     src_seq: Tensor
     src_pos: Tensor
+    src_index: Tensor
     dst_row: Tensor
     dst_col: Tensor
     labels: Tensor
     shape: tuple[int, int]
 
     def attention_mask(self, float_dtype: torch.dtype | None = None) -> Tensor:
-        """``[N, 1, L, L]`` mask: a token sees the earlier tokens of its prompt and of its own response.
+        """``[N, 1, L, L]`` mask: a node sees its ancestors and itself, i.e. exactly its row's prefix.
 
         Boolean (True: attend) for SDPA; with ``float_dtype`` the additive form eager attention wants
-        (0 / dtype min). Padding queries see themselves only (a query with nothing to attend to is
-        ``nan`` in SDPA; their outputs are never read).
+        (0 / dtype min). A padding query sees itself only (its output is never read).
         """
-        seg, part = self.segment, self.part
-        L = seg.shape[1]
-        causal = torch.ones(L, L, dtype=torch.bool, device=seg.device).tril_()
-        same_seg = seg[:, :, None] == seg[:, None, :]
-        visible = (part[:, None, :] == 0) | (part[:, :, None] == part[:, None, :])
-        allowed = (same_seg & visible & causal) | torch.eye(L, dtype=torch.bool, device=seg.device)
-        allowed = allowed.unsqueeze(1)
+        L = self.subtree_end.shape[1]
+        j = torch.arange(L, device=self.subtree_end.device)
+        i = j[:, None]
+        allowed = ((j <= i) & (i < self.subtree_end[:, None, :])).unsqueeze(1)
         if float_dtype is None:
             return allowed
-        zero = torch.zeros((), dtype=float_dtype, device=seg.device)
+        zero = torch.zeros((), dtype=float_dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.finfo(float_dtype).min)
 
     @property
     def num_positions(self) -> int:
         """Real (non-padding) positions the packed forward computes."""
-        return int((self.segment >= 0).sum())
+        return int(self.real.sum())
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefix_tree_size(sequences: Sequence[Sequence[int]]) -> int:
+    """Nodes of the prefix tree of ``sequences``: the positions a shared-prefix forward computes."""
+    seqs = sorted(tuple(s) for s in sequences)
+    return sum(len(s) - (_lcp(s, seqs[k - 1]) if k else 0) for k, s in enumerate(seqs))
 
 
 def pack_rows(
     prompt_ids_list: Sequence[Sequence[int]],
     response_ids_list: Sequence[Sequence[int]],
     pad_id: int = 0,
-    pack_len: int = 1024,
+    pack_len: int = 256,
 ) -> PackedRows:
-    """Pack rows so that each distinct prompt is computed once, followed by all its responses.
+    """Pack rows as their prefix tree: every distinct prefix of ``prompt + response`` computed once.
 
+    Why: a rollout batch repeats itself. A task's G samples share the question, the proposers of an
+    episode share their prompt, aggregator prompts share the question and often candidates, and a
+    low-entropy policy repeats the first response tokens; on a quick-math batch 50k row positions are
+    8k distinct prefixes. A causal model's output at a position depends only on the tokens up to it,
+    so one node per distinct prefix, attending to its ancestors (:meth:`PackedRows.attention_mask`)
+    at its depth as position id, gives every row exactly the outputs of its own unpadded sequence.
     Why packing rather than a KV cache (:func:`shared_prefix_logits`): one forward, no cache copies,
-    no per-row padding to the longest prompt, and gradient checkpointing still applies. Each distinct
-    prompt and its responses form a segment; segments are placed first-fit (longest first) into
-    sequences of ``max(pack_len, longest segment)`` tokens, so several short segments share one
-    sequence and the padding stays small. The attention mask (:meth:`PackedRows.attention_mask`) lets
-    each response see its prompt and itself only, and the position ids restart at the prompt length
-    for every response, so every output equals that of the row's own unpadded sequence.
+    sharing beyond whole prompts, and gradient checkpointing still applies.
 
-    Raises ``ValueError`` on mismatched lengths, an empty prompt or no response token at all.
+    Rows are sorted lexicographically (so the tree is laid out depth-first and each row adds the
+    suffix after its longest common prefix with the previous row) and cut into runs whose tree has at
+    most ``pack_len`` nodes (a row longer than that goes alone): attention is dense over a packed
+    sequence, so its cost grows with the square of the length, and a run's cut repeats only the
+    shared prefix. Runs are placed first-fit (longest first) into sequences of ``max(pack_len,
+    longest run)`` tokens.
+
+    Raises ``ValueError`` on mismatched lengths, an empty prompt, no response token at all or a
+    ``pack_len`` below 1.
     """
     if len(prompt_ids_list) != len(response_ids_list):
         raise ValueError("prompt_ids_list and response_ids_list differ in length")
@@ -253,93 +278,94 @@ def pack_rows(
     t_max = max(len(r) for r in response_ids_list)
     if t_max == 0:
         raise ValueError("no response tokens in the batch")
-    uniq, index = prompt_groups(prompt_ids_list)
-    members: list[list[int]] = [[] for _ in uniq]
-    for i, g in enumerate(index):
-        members[g].append(i)
-    # Segments: a prompt and as many of its responses as fit in pack_len (the prompt is repeated
-    # when they do not; dense attention costs segment length squared, so one very long segment per
-    # prompt would cost more than the repeated prompt positions it saves).
-    segments: list[tuple[int, list[int]]] = []
-    seg_len: list[int] = []
-    for g in range(len(uniq)):
-        p = len(uniq[g])
-        cur: list[int] = []
-        used = p
-        for i in members[g]:
-            t = len(response_ids_list[i])
-            if cur and used + t > pack_len:
-                segments.append((g, cur))
-                seg_len.append(used)
-                cur, used = [], p
-            cur.append(i)
-            used += t
-        segments.append((g, cur))
-        seg_len.append(used)
-    cap = max(pack_len, *seg_len)
-    seqs: list[list[int]] = []  # segment indices per packed sequence
+    seqs = [
+        tuple(int(t) for t in p) + tuple(int(t) for t in r)
+        for p, r in zip(prompt_ids_list, response_ids_list, strict=True)
+    ]
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i])
+    # runs of consecutive (sorted) rows whose tree fits pack_len; shared[k]: nodes row k reuses
+    runs: list[list[int]] = []
+    run_len: list[int] = []
+    shared: dict[int, int] = {}
+    prev: tuple[int, ...] | None = None
+    for i in order:
+        common = _lcp(seqs[i], prev) if prev is not None else 0
+        if runs and run_len[-1] + len(seqs[i]) - common <= pack_len:
+            runs[-1].append(i)
+            run_len[-1] += len(seqs[i]) - common
+        else:
+            common = 0
+            runs.append([i])
+            run_len.append(len(seqs[i]))
+        shared[i] = common
+        prev = seqs[i]
+    cap = max(pack_len, *run_len)
+    packs: list[list[int]] = []  # run indices per packed sequence
     fill: list[int] = []
-    for g in sorted(range(len(segments)), key=lambda g: -seg_len[g]):
+    for g in sorted(range(len(runs)), key=lambda g: -run_len[g]):
         for s, used in enumerate(fill):
-            if used + seg_len[g] <= cap:
-                seqs[s].append(g)
-                fill[s] += seg_len[g]
+            if used + run_len[g] <= cap:
+                packs[s].append(g)
+                fill[s] += run_len[g]
                 break
         else:
-            seqs.append([g])
-            fill.append(seg_len[g])
-    n, width = len(seqs), max(fill)
+            packs.append([g])
+            fill.append(run_len[g])
+    n, width = len(packs), max(fill)
     ids = np.full((n, width), pad_id, dtype=np.int64)
     pos = np.zeros((n, width), dtype=np.int64)
-    segment = np.full((n, width), -1, dtype=np.int64)
-    part = np.full((n, width), -1, dtype=np.int64)
+    end = np.tile(np.arange(1, width + 1, dtype=np.int64), (n, 1))
+    real = np.zeros((n, width), dtype=bool)
     m = sum(len(r) for r in response_ids_list)
-    src_seq, src_pos = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+    src_flat = np.zeros(m, dtype=np.int64)  # predicting node as seq * width + pos
     dst_row, dst_col = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
     labels = np.zeros(m, dtype=np.int64)
     k = 0
-    for s, groups in enumerate(seqs):
+    for s, run_ids in enumerate(packs):
         at = 0
-        for g in groups:
-            prompt, seg_members = uniq[segments[g][0]], segments[g][1]
-            p = len(prompt)
-            ids[s, at : at + p] = prompt
-            pos[s, at : at + p] = np.arange(p)
-            segment[s, at : at + p] = g
-            part[s, at : at + p] = 0
-            last_prompt = at + p - 1
-            at += p
-            for i in seg_members:
-                r = response_ids_list[i]
-                t = len(r)
-                if t == 0:
-                    continue
-                ids[s, at : at + t] = r
-                pos[s, at : at + t] = np.arange(p, p + t)
-                segment[s, at : at + t] = g
-                part[s, at : at + t] = 1 + i
-                # token 0 is predicted by the prompt's last output, token j by response token j-1
-                src_seq[k : k + t] = s
-                src_pos[k] = last_prompt
-                src_pos[k + 1 : k + t] = np.arange(at, at + t - 1)
-                dst_row[k : k + t] = i
-                dst_col[k : k + t] = np.arange(t)
-                labels[k : k + t] = r
-                k += t
-                at += t
-    # row-major order of the [R, T] layout (rows, then tokens): a stable order for the flat outputs
-    order = np.lexsort((dst_col, dst_row))
+        for g in run_ids:
+            start = at
+            parent: list[int] = []
+            path: list[int] = []
+            for i in runs[g]:
+                seq, common = seqs[i], shared[i]
+                path = path[:common]
+                new = len(seq) - common
+                if new:  # a duplicate row adds no node
+                    parent.extend([path[-1] if path else -1, *range(at, at + new - 1)])
+                path.extend(range(at, at + new))
+                ids[s, at : at + new] = seq[common:]
+                pos[s, at : at + new] = np.arange(common, len(seq))
+                at += new
+                p, t = len(prompt_ids_list[i]), len(response_ids_list[i])
+                if t:
+                    # response token j sits at depth p + j and is predicted by the node at depth p + j - 1
+                    src_flat[k : k + t] = s * width + np.asarray(path[p - 1 : p + t - 1])
+                    dst_row[k : k + t] = i
+                    dst_col[k : k + t] = np.arange(t)
+                    labels[k : k + t] = response_ids_list[i]
+                    k += t
+            size = np.ones(at - start, dtype=np.int64)
+            for node in range(at - 1, start - 1, -1):  # children come after their parent
+                par = parent[node - start]
+                if par >= 0:
+                    size[par - start] += size[node - start]
+            end[s, start:at] = np.arange(start, at) + size
+            real[s, start:at] = True
+    uniq, src_index = np.unique(src_flat, return_inverse=True)
+    order_m = np.lexsort((dst_col, dst_row))  # rows, then tokens
     as_t = torch.from_numpy
     return PackedRows(
         input_ids=as_t(ids),
         position_ids=as_t(pos),
-        segment=as_t(segment),
-        part=as_t(part),
-        src_seq=as_t(src_seq[order]),
-        src_pos=as_t(src_pos[order]),
-        dst_row=as_t(dst_row[order]),
-        dst_col=as_t(dst_col[order]),
-        labels=as_t(labels[order]),
+        subtree_end=as_t(end),
+        real=as_t(real),
+        src_seq=as_t(uniq // width),
+        src_pos=as_t(uniq % width),
+        src_index=as_t(src_index.reshape(-1)[order_m]),
+        dst_row=as_t(dst_row[order_m]),
+        dst_col=as_t(dst_col[order_m]),
+        labels=as_t(labels[order_m]),
         shape=(len(prompt_ids_list), t_max),
     )
 
@@ -347,10 +373,14 @@ def pack_rows(
 def _plain_head(model: Any) -> tuple[Any, Any] | None:
     """``(decoder, lm_head)`` when logits are exactly ``lm_head(decoder(...).last_hidden_state)``.
 
-    Lets the packed forward project only the positions that predict response tokens. Models that
-    scale or soft-cap their logits (Gemma, Cohere, ...) return None and get the full logits instead.
+    Lets the packed forward project only the nodes that predict response tokens. Models that scale
+    or soft-cap their logits (Gemma, Cohere, ...) return None and get the full logits instead.
     """
     base = _transformers_model(model)
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(base, FSDPModule):  # its root parameters are gathered only by the root's own forward
+        return None
     cfg = getattr(base, "config", None)
     if cfg is None or any(
         getattr(cfg, a, None) not in (None, 1.0) for a in ("final_logit_softcapping", "logit_scale")
@@ -365,34 +395,14 @@ def _plain_head(model: Any) -> tuple[Any, Any] | None:
     return decoder, head
 
 
-def packed_logprobs(
-    model: Any,
-    prompt_ids_list: Sequence[Sequence[int]],
-    response_ids_list: Sequence[Sequence[int]],
-    temperature: float = 1.0,
-    pad_id: int = 0,
-    with_entropy: bool = False,
-    pack_len: int = 1024,
-    packed: PackedRows | None = None,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """:func:`shared_prefix_logprobs`'s result through one packed forward (:func:`pack_rows`).
-
-    Returns ``(logprobs, mask, entropy)``: float32 ``[R, T]`` log-probs of ``softmax(logits / T)`` (0
-    on padding), the ``[R, T]`` bool mask of real response tokens and, with ``with_entropy``, the
-    per-token entropy (else None). Only the ``M`` positions that predict a response token go through
-    the vocabulary projection and the log-softmax (not the prompt positions, not the padding). Pass
-    ``packed`` to reuse a packing (e.g. for a reference model on the same rows).
-    """
-    if packed is None:
-        packed = pack_rows(prompt_ids_list, response_ids_list, pad_id, pack_len)
+def packed_logits(model: Any, packed: PackedRows) -> Tensor:
+    """``[U, V]`` logits of the distinct predicting nodes (``packed.src_*``), one packed forward."""
     dev = next(model.parameters()).device
-    base = _transformers_model(model)
-    impl = getattr(getattr(base, "config", None), "_attn_implementation", "sdpa")
-    param_dtype = next(model.parameters()).dtype
-    mask4 = packed.attention_mask(None if impl == "sdpa" else param_dtype).to(dev)
+    impl = getattr(getattr(_transformers_model(model), "config", None), "_attn_implementation", "sdpa")
+    mask = packed.attention_mask(None if impl == "sdpa" else next(model.parameters()).dtype)
     inputs = {
         "input_ids": packed.input_ids.to(dev),
-        "attention_mask": mask4,
+        "attention_mask": mask.to(dev),
         "position_ids": packed.position_ids.to(dev),
         "use_cache": False,
     }
@@ -400,21 +410,47 @@ def packed_logprobs(
     plain = _plain_head(model)
     if plain is not None:
         decoder, head = plain
-        hidden = decoder(**inputs).last_hidden_state
-        logits = head(hidden[src])  # [M, V]
-    else:
-        keep = {"logits_to_keep": 0} if "logits_to_keep" in _forward_params(model) else {}
-        logits = model(**inputs, **keep).logits[src]
+        return head(decoder(**inputs).last_hidden_state[src])
+    keep = {"logits_to_keep": 0} if "logits_to_keep" in _forward_params(model) else {}
+    return model(**inputs, **keep).logits[src]
+
+
+def packed_logprobs(
+    model: Any,
+    prompt_ids_list: Sequence[Sequence[int]],
+    response_ids_list: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    pad_id: int = 0,
+    with_entropy: bool = False,
+    pack_len: int = 256,
+    packed: PackedRows | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """:func:`shared_prefix_logprobs`'s result through one prefix-tree forward (:func:`pack_rows`).
+
+    Returns ``(logprobs, mask, entropy)``: ``[R, T]`` log-probs of ``softmax(logits / T)`` (float32 for
+    half-precision logits, else their dtype; 0 on padding), the ``[R, T]`` bool mask of real response
+    tokens and, with ``with_entropy``, the per-token entropy (else None). Only the distinct nodes that predict a response token go through
+    the vocabulary projection and the log-softmax (not the prompts, not the padding, and a prefix
+    shared by several rows once). Pass ``packed`` to reuse a packing (e.g. for a reference model).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if packed is None:
+        packed = pack_rows(prompt_ids_list, response_ids_list, pad_id, pack_len)
+    logits = packed_logits(model, packed)
+    dev = logits.device
+    z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if temperature != 1.0:
+        z = z / temperature
+    node = packed.src_index.to(dev)
     labels = packed.labels.to(dev)
-    flat = logprobs_from_logits(logits, labels, temperature).float()
-    shape = packed.shape
+    flat = z[node, labels] - torch.logsumexp(z, dim=-1)[node]
     dst = (packed.dst_row.to(dev), packed.dst_col.to(dev))
-    lp = torch.zeros(shape, dtype=flat.dtype, device=dev).index_put(dst, flat)
-    mask = torch.zeros(shape, dtype=torch.bool, device=dev).index_put(
-        dst, torch.ones_like(labels, dtype=torch.bool)
-    )
+    lp = torch.zeros(packed.shape, dtype=flat.dtype, device=dev).index_put(dst, flat)
+    mask = torch.zeros(packed.shape, dtype=torch.bool, device=dev)
+    mask[dst] = True
     ent = None
     if with_entropy:
-        e = entropy_from_logits(logits.float() / temperature)
-        ent = torch.zeros(shape, dtype=e.dtype, device=dev).index_put(dst, e)
+        e = entropy_from_logits(z)[node]
+        ent = torch.zeros(packed.shape, dtype=e.dtype, device=dev).index_put(dst, e)
     return lp, mask, ent

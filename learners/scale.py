@@ -76,7 +76,7 @@ class ScaleOut:
         self._synced: list[int] | None = None
         #: FSDP2 sharding is on (``dp_engine=fsdp2`` under a multi-process launch; one process has
         #: nothing to shard with and runs the plain path, which computes the same update)
-        self.fsdp = self.cfg.dp_engine == "fsdp2" and self.dist.enabled
+        self.fsdp = getattr(self.cfg, "dp_engine", "allreduce") == "fsdp2" and self.dist.enabled
         #: FSDP2 with in-process rollouts: an unsharded copy of the policies that generates (a sharded
         #: model's forward is a collective, so ranks could not generate different tasks with it)
         self.rollout_copy: PolicyMap | None = None
@@ -403,8 +403,8 @@ class ScaleOut:
         if self.pool is not None:
             cpu = {m: {k: v.to("cpu") for k, v in sd.items()} for m, sd in states.items()}
             self.pool.load_weights(cpu, versions)
-        if self.rollout_policies is not None:
-            for engine in self.rollout_policies.policies:
+        if self.rollout_policies is not None:  # vLLM, sharing=shared (LoRA is refused under FSDP2)
+            for engine in {id(e): e for e in self.rollout_policies.policies}.values():
                 engine.load_weights(states["model0"], policy_version=versions[0])
         self._synced = versions
 

@@ -56,6 +56,7 @@ from learners.batching import (
     event_minibatches,
     gather_response_logprobs,
     micro_batch_bounds,
+    prefix_micro_batches,
 )
 from learners.critic import ValueCritic
 from learners.diagnostics import GradingMonitor, k_stats
@@ -71,6 +72,7 @@ from learners.losses import (
     masked_sum,
     value_loss,
 )
+from learners.prefix import pack_rows, packed_logprobs
 from learners.scale import BACKENDS, TIS_MODES, ScaleOut
 
 #: SRPO set normalisations (``k1``: every output its own event, a response-level update).
@@ -117,10 +119,17 @@ class TrainConfig:
     minibatches_per_iter: int | None = None
     """split each rollout batch into this many minibatches (overrides rows_per_batch)"""
     forward_rows: int = 64
-    """rows per forward pass inside a micro-batch (length-bucketed)"""
+    """rows per forward pass inside a micro-batch (length-bucketed; unused with prefix_tree)"""
     max_tokens_per_microbatch: int | None = None
-    """prompt+response tokens per micro-batch: backward per micro-batch, one optimizer step per
-    minibatch, the gradient equal to the whole minibatch's (None: the minibatch is one micro-batch)"""
+    """prompt+response tokens per micro-batch (with prefix_tree: prefix-tree nodes): backward per
+    micro-batch, one optimizer step per minibatch, the gradient equal to the whole minibatch's (None: the
+    minibatch is one micro-batch)"""
+    prefix_tree: bool = False
+    """forward each micro-batch as its rows' prefix tree (learners.prefix.pack_rows): every distinct
+    prefix (shared prompts, repeated response starts) computed once, log-probs equal to the per-row
+    forward up to float rounding; micro-batches group events that share prefixes"""
+    pack_len: int = 512
+    """prefix_tree: tokens per packed sequence (attention is dense within one: cost ~ pack_len^2)"""
     lr: float = 3e-4
     """policy learning rate (AdamW)"""
     warmup: int = 0
@@ -220,6 +229,9 @@ class TrainConfig:
             raise ValueError(f"dp_engine must be one of {DP_ENGINES}, got {self.dp_engine!r}")
         if self.dp_engine == "fsdp2" and self.sharing == "lora":
             raise ValueError("dp_engine=fsdp2 does not shard LoRA adapters: use sharing=shared or per-role")
+        if self.dp_engine == "fsdp2" and self.prefix_tree:  # its packed forward calls the decoder and the
+            # head directly, past the root module's FSDP hooks that gather the embeddings and the head
+            raise ValueError("dp_engine=fsdp2 does not support prefix_tree: use one or the other")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.tis not in TIS_MODES:
@@ -241,9 +253,10 @@ class TrainConfig:
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:<i>, got {self.device!r}")
         sizes = (self.iterations, self.tasks_per_iter, self.group_size, self.epochs, self.rows_per_batch)
-        if min(*sizes, self.forward_rows) < 1:
+        if min(*sizes, self.forward_rows, self.pack_len) < 1:
             raise ValueError(
-                "iterations, tasks_per_iter, group_size, epochs, rows_per_batch and forward_rows must be >= 1"
+                "iterations, tasks_per_iter, group_size, epochs, rows_per_batch, forward_rows and pack_len "
+                "must be >= 1"
             )
         for name in ("minibatches_per_iter", "max_tokens_per_microbatch"):
             value = getattr(self, name)
@@ -474,7 +487,7 @@ class Trainer:
             # Length-sorted chunks: proposer prompts are short, aggregator prompts hold every candidate;
             # padding them to one width would multiply the forward cost (and memory) by the ratio.
             idx = sorted(idx, key=lambda i: (len(rows[i].prompt_ids), len(rows[i].response_ids)))
-            step = cfg.forward_rows
+            step = len(idx) if cfg.prefix_tree else cfg.forward_rows  # a tree packs its own sequences
             chunks.extend((pol, idx[j : j + step]) for j in range(0, len(idx), step))
         logprobs = entropy = ref = pad = None
         shape = (len(rows), batch_t)
@@ -483,31 +496,20 @@ class Trainer:
                 lock = self._lockstep_forward(pol)
                 pad = lock if pad is None else pad + lock
                 continue
-            sub = batch.take(idx)
-            t = sub.response_width
-            with (
-                adapter_scope(pol.model, pol.adapter_name),
-                self._autocast(),
-                _train_mode(pol.model, cfg.gradient_checkpointing),
-            ):
-                logits = pol.model(**sub.model_inputs(), logits_to_keep=t + 1).logits
-            lp = gather_response_logprobs(logits, sub, cfg.temperature)
+            if cfg.prefix_tree:
+                lp, ent, ref_lp = self._tree_logprobs(pol, [rows[i] for i in idx])
+            else:
+                lp, ent, ref_lp = self._chunk_logprobs(pol, batch.take(idx))
+            t = lp.shape[1]
             index = torch.tensor(idx, device=lp.device)
             if logprobs is None:
                 logprobs = torch.zeros(shape, dtype=lp.dtype, device=lp.device)
             logprobs = logprobs.index_put((index,), torch.nn.functional.pad(lp, (0, batch_t - t)))
-            if cfg.entropy_coef > 0:
-                resp_logits = logits[:, -t - 1 : -1] / max(cfg.temperature, 1e-6)
-                ent = entropy_from_logits(resp_logits)
+            if ent is not None:
                 if entropy is None:
                     entropy = torch.zeros(shape, dtype=ent.dtype, device=ent.device)
                 entropy = entropy.index_put((index,), torch.nn.functional.pad(ent, (0, batch_t - t)))
-            if cfg.kl_coef > 0:
-                with torch.no_grad(), adapter_scope(pol.model, pol.adapter_name), self._autocast():
-                    ref_logits = self.ref_models[id(pol.model)](
-                        **sub.model_inputs(), logits_to_keep=t + 1
-                    ).logits
-                ref_lp = gather_response_logprobs(ref_logits, sub, cfg.temperature)
+            if ref_lp is not None:
                 if ref is None:
                     ref = torch.zeros(shape, dtype=ref_lp.dtype, device=ref_lp.device)
                 ref = ref.index_put((index,), torch.nn.functional.pad(ref_lp, (0, batch_t - t)))
@@ -515,6 +517,53 @@ class Trainer:
         if pad is not None:  # + 0: ties the lockstep forwards into this micro-batch's backward
             logprobs = logprobs + pad
         return logprobs, entropy, ref
+
+    def _chunk_logprobs(
+        self, pol: HFPolicy, sub: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One padded per-row forward: ``[n, t]`` log-probs, entropy and reference log-probs (or None)."""
+        cfg = self.cfg
+        t = sub.response_width
+        with (
+            adapter_scope(pol.model, pol.adapter_name),
+            self._autocast(),
+            _train_mode(pol.model, cfg.gradient_checkpointing),
+        ):
+            logits = pol.model(**sub.model_inputs(), logits_to_keep=t + 1).logits
+        lp = gather_response_logprobs(logits, sub, cfg.temperature)
+        ent = ref_lp = None
+        if cfg.entropy_coef > 0:
+            ent = entropy_from_logits(logits[:, -t - 1 : -1] / max(cfg.temperature, 1e-6))
+        if cfg.kl_coef > 0:
+            with torch.no_grad(), adapter_scope(pol.model, pol.adapter_name), self._autocast():
+                ref_logits = self.ref_models[id(pol.model)](**sub.model_inputs(), logits_to_keep=t + 1).logits
+            ref_lp = gather_response_logprobs(ref_logits, sub, cfg.temperature)
+        return lp, ent, ref_lp
+
+    def _tree_logprobs(
+        self, pol: HFPolicy, rows: list[Any]
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """:meth:`_chunk_logprobs` through one prefix-tree forward of ``rows`` (``prefix_tree``):
+        ``[n, t]`` with ``t`` their longest response, 0 past each row's response."""
+        cfg = self.cfg
+        packed = pack_rows(
+            [r.prompt_ids for r in rows], [r.response_ids for r in rows], pol.pad_id, cfg.pack_len
+        )
+        with (
+            adapter_scope(pol.model, pol.adapter_name),
+            self._autocast(),
+            _train_mode(pol.model, cfg.gradient_checkpointing),
+        ):
+            lp, _, ent = packed_logprobs(
+                pol.model, [], [], cfg.temperature, with_entropy=cfg.entropy_coef > 0, packed=packed
+            )
+        ref_lp = None
+        if cfg.kl_coef > 0:
+            with torch.no_grad(), adapter_scope(pol.model, pol.adapter_name), self._autocast():
+                ref_lp = packed_logprobs(
+                    self.ref_models[id(pol.model)], [], [], cfg.temperature, packed=packed
+                )[0]
+        return lp, ent, ref_lp
 
     def _lockstep_forward(self, pol: HFPolicy) -> torch.Tensor:
         """A forward FSDP2 needs from this rank to match the others (:meth:`ScaleOut.forward_plan`):
@@ -614,16 +663,19 @@ class Trainer:
                     token_weights=token_weights,
                 )
                 full = full.to(self.device)
-        bounds = (
-            micro_batch_bounds(mb.rows, mb.event_index, cfg.max_tokens_per_microbatch) if mb.num_rows else []
-        )
+        budget = cfg.max_tokens_per_microbatch
+        if cfg.prefix_tree:  # events sharing prefixes together, the budget in prefix-tree nodes
+            bounds = prefix_micro_batches(mb.rows, mb.event_index, budget)
+        else:
+            bounds = [list(range(a, b)) for a, b in micro_batch_bounds(mb.rows, mb.event_index, budget)]
+        bounds = bounds if mb.num_rows else []
         n_micro = self.scale.agree_count(len(bounds))  # FSDP2: every rank runs the most any rank has
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         micro: list[dict[str, float]] = []
-        for start, end in bounds:
-            sub = full if (start, end) == (0, full.num_rows) else full.take(range(start, end))
-            lp, ent, ref = self._policy_logprobs(mb.rows[start:end], sub)
+        for idx in bounds:
+            sub = full if idx == list(range(full.num_rows)) else full.take(idx)
+            lp, ent, ref = self._policy_logprobs([mb.rows[i] for i in idx], sub)
             mask = sub.response_mask
             assert sub.advantages is not None and sub.event_index is not None
             sub_cfg = (

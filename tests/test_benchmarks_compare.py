@@ -40,7 +40,8 @@ def test_comparison_writes_tables_curves_records(tiny_model_dir: Path, tmp_path:
 
 @pytest.mark.slow
 def test_bench_quick_runs_every_suite_and_merges_outputs(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """`srpo bench quick` wiring: columns, math and search suites, each from its own warm start, one leaderboard."""
+    """`srpo bench quick` wiring: columns, routed columns and search suites, each from its own warm start,
+    one leaderboard."""
     from typer.testing import CliRunner
 
     from agents.corpus import search_corpus
@@ -66,20 +67,22 @@ def test_bench_quick_runs_every_suite_and_merges_outputs(tiny_model_dir: Path, t
             "--columns-model",
             str(tiny_model_dir),
         ]
-        result = CliRunner().invoke(app, [*args, "--seeds", "0", "--iterations", "1", "--eval-limit", "2"])
+        result = CliRunner().invoke(
+            app, [*args, "--seeds", "0", "--iterations", "1", "--eval-limit", "2", "--workers", "0"]
+        )
     finally:
         for name, train in saved.items():
             QUICK_SETTINGS[name]["train"] = train
     assert result.exit_code == 0, result.output
     records = json.loads((out / "results.json").read_text())
-    assert sorted({r["suite"] for r in records}) == ["quick-columns", "quick-math", "quick-search"]
+    assert sorted({r["suite"] for r in records}) == ["quick-columns", "quick-columns-routed", "quick-search"]
     assert len(records) == 12  # start + 3 algorithms, per suite
     for rec in records:
         validate_record(rec)
     html = (out / "leaderboard.html").read_text()
-    assert all(s in html for s in ("quick-columns", "quick-math", "quick-search"))
+    assert all(s in html for s in ("quick-columns", "quick-columns-routed", "quick-search"))
     md = (out / "comparison.md").read_text()
-    assert all(f"## {s}" in md for s in ("quick-columns", "quick-math", "quick-search"))
+    assert all(f"## {s}" in md for s in ("quick-columns", "quick-columns-routed", "quick-search"))
     assert (out / "curves.png").stat().st_size > 0
     search_run = json.loads((out / "quick-search" / "compare_config.json").read_text())
     assert search_run["env_id"] == "MultiTurnSearch-v0" and search_run["workflow"] == "parallel"

@@ -90,6 +90,23 @@ ENGINE_KWARGS = {
     "allreduce": {},
     "fsdp2": dict(dp_engine="fsdp2", forward_rows=1, max_tokens_per_microbatch=1),
 }
+#: One model per role (two sharded models, whose forwards the ranks must also order alike) with the
+#: KL to a frozen reference and the entropy bonus on; SRPO only.
+PER_ROLE = dict(sharing="per-role", kl_coef=0.1, entropy_coef=0.01)
+#: (run name, algorithm, config overrides of the 2-rank run, of the 1-process reference)
+RUNS = [(engine, algo, ENGINE_KWARGS[engine], {}) for engine in ENGINES for algo in ALGOS] + [
+    ("fsdp2-per-role", "srpo", {**ENGINE_KWARGS["fsdp2"], **PER_ROLE}, PER_ROLE)
+]
+
+
+def _params(trainer) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """Full parameters of every distinct model, ``model<i>.<name>`` (collective under FSDP2)."""
+    states = trainer.scale.model_states()
+    return {
+        f"{m}.{n}": states[m][n].detach().clone()
+        for m, pol in zip(states, trainer._distinct_models(), strict=True)
+        for n, _ in pol.model.named_parameters()
+    }
 
 
 def _cfg(model_dir: str, out_dir: str, algo: str, **extra) -> dict:
@@ -119,30 +136,41 @@ def _dp_worker(rank: int, world: int, port: int, model_dir: str, rows_path: str,
     torch.set_num_threads(1)
     batch = RolloutBatch(rows=load_rows(rows_path), episodes=[])
     try:
-        for engine in ENGINES:
-            for algo in ALGOS:
-                cfg = _cfg(model_dir, f"{tmp}/{engine}-{algo}", algo, **ENGINE_KWARGS[engine])
-                trainer = Trainer(TrainConfig(**cfg), log=None)
-                assert trainer.dist.world_size == world and trainer.dist.rank == rank
-                assert trainer.scale.fsdp == (engine == "fsdp2")
-                lockstep = [0]
-                real = trainer._lockstep_forward
+        for engine, algo, kwargs, _ in RUNS:
+            trainer = Trainer(
+                TrainConfig(**_cfg(model_dir, f"{tmp}/{engine}-{algo}", algo, **kwargs)), log=None
+            )
+            assert trainer.dist.world_size == world and trainer.dist.rank == rank
+            assert trainer.scale.fsdp == engine.startswith("fsdp2")
+            lockstep = [0]
+            real = trainer._lockstep_forward
 
-                def counted(pol, real=real, lockstep=lockstep):  # noqa: ANN001, ANN202
-                    lockstep[0] += 1
-                    return real(pol)
+            def counted(pol, real=real, lockstep=lockstep):  # noqa: ANN001, ANN202
+                lockstep[0] += 1
+                return real(pol)
 
-                trainer._lockstep_forward = counted  # type: ignore[method-assign]
-                trainer._update(batch, 1)
-                trainer.iteration = 1
-                trainer.save_checkpoint()  # rank 0 writes the full state, every rank meets at a barrier
-                model = trainer.policies.policies[0].model
-                params = trainer.scale.model_states()["model0"]  # gathered full weights (collective)
-                if rank == 0:
-                    names = [n for n, _ in model.named_parameters()]
-                    torch.save({n: params[n].clone() for n in names}, f"{tmp}/{engine}-{algo}-dp-params.pt")
-                with open(f"{tmp}/{engine}-{algo}-lockstep-{rank}.json", "w") as f:
-                    json.dump(lockstep[0], f)
+            trainer._lockstep_forward = counted  # type: ignore[method-assign]
+            stats = trainer._update(batch, 1)
+            trainer.iteration = 1
+            trainer.save_checkpoint()  # rank 0 writes the full state, every rank meets at a barrier
+            params = _params(trainer)  # gathered full weights (collective)
+            if rank == 0:
+                torch.save(params, f"{tmp}/{engine}-{algo}-dp-params.pt")
+            with open(f"{tmp}/{engine}-{algo}-lockstep-{rank}.json", "w") as f:
+                json.dump({"lockstep": lockstep[0], "grad_norm": stats["actor/grad_norm"]}, f)
+            if engine.startswith("fsdp2") and algo == "srpo":  # resume sharded, on 2 ranks again
+                optim = trainer.scale.optimizer_state(trainer.optimizer)
+                again = Trainer(trainer.cfg, log=None)
+                again.load_checkpoint()
+                optim2 = again.scale.optimizer_state(again.optimizer)
+                diffs = [(params[n] - p).abs().max().item() for n, p in _params(again).items()]
+                diffs += [
+                    (v - optim2["state"][i][k]).abs().max().item()
+                    for i, entries in optim["state"].items()
+                    for k, v in entries.items()
+                ]
+                with open(f"{tmp}/{engine}-{algo}-resume2-{rank}.json", "w") as f:
+                    json.dump({"max_diff": max(diffs), "n": len(diffs), "iteration": again.iteration}, f)
     finally:
         dist.destroy_process_group()
 
@@ -184,23 +212,25 @@ def single_run(dp_run, tiny_model_dir):
 
     tmp, batch = dp_run
     out = {}
-    for algo in ALGOS:
-        single = Trainer(TrainConfig(**_cfg(str(tiny_model_dir), str(tmp / f"single-{algo}"), algo)), log=None)
-        model = single.policies.policies[0].model
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        single._update(batch, 1)
-        out[algo] = (before, {n: p.detach().clone() for n, p in model.named_parameters()})
+    for engine, algo, _, kwargs in RUNS:
+        key = (algo, tuple(sorted(kwargs.items())))
+        if key in out:
+            continue
+        cfg = _cfg(str(tiny_model_dir), str(tmp / f"single-{engine}-{algo}"), algo, **kwargs)
+        single = Trainer(TrainConfig(**cfg), log=None)
+        before = _params(single)
+        stats = single._update(batch, 1)
+        out[key] = (before, _params(single), stats["actor/grad_norm"])
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("algo", ALGOS)
-def test_two_rank_update_equals_single_process(dp_run, single_run, algo: str, engine: str) -> None:
+@pytest.mark.parametrize(("engine", "algo", "reference"), [(e, a, r) for e, a, _, r in RUNS])
+def test_two_rank_update_equals_single_process(dp_run, single_run, engine: str, algo: str, reference) -> None:
     import json
 
     tmp, _ = dp_run
-    before, after = single_run[algo]
+    before, after, grad_norm = single_run[(algo, tuple(sorted(reference.items())))]
     dp = torch.load(tmp / f"{engine}-{algo}-dp-params.pt", weights_only=True)
     assert set(dp) == set(after)
     moved = 0.0
@@ -208,8 +238,13 @@ def test_two_rank_update_equals_single_process(dp_run, single_run, algo: str, en
         assert (p - dp[name]).abs().max().item() <= PARAM_TOL, name
         moved = max(moved, (p - before[name]).abs().max().item())
     assert moved > 1e-5  # the update did something (so equality is not trivially 0 == 0)
-    lockstep = [json.loads((tmp / f"{engine}-{algo}-lockstep-{r}.json").read_text()) for r in range(2)]
-    if engine == "fsdp2":  # the shards differed, and a rank with fewer forwards padded them
+    ranks = [json.loads((tmp / f"{engine}-{algo}-lockstep-{r}.json").read_text()) for r in range(2)]
+    # Adam's first step and the clip hide a wrongly scaled gradient (e.g. averaged instead of summed
+    # over ranks); the pre-clip norm does not
+    for r in ranks:
+        assert r["grad_norm"] == pytest.approx(grad_norm, rel=1e-9)
+    lockstep = [r["lockstep"] for r in ranks]
+    if engine.startswith("fsdp2"):  # the shards differed, and a rank with fewer forwards padded them
         assert max(lockstep) > 0, lockstep
     else:
         assert lockstep == [0, 0]
@@ -231,9 +266,23 @@ def test_checkpoint_saved_by_two_ranks_resumes_on_one(dp_run, tiny_model_dir, en
     assert resumed.iteration == 1
     dp = torch.load(tmp / f"{engine}-srpo-dp-params.pt", weights_only=True)
     for name, p in resumed.policies.policies[0].model.named_parameters():
-        assert torch.equal(p.detach(), dp[name]), name
+        assert torch.equal(p.detach(), dp[f"model0.{name}"]), name
     state = resumed.optimizer.state_dict()["state"]
     steps = {int(s["step"]) for s in state.values()}  # Adam's moments and step counts came along
     assert state and len(steps) == 1 and steps.pop() >= 1
     params = list(resumed.policies.policies[0].model.parameters())
     assert all(state[i]["exp_avg"].shape == p.shape for i, p in enumerate(params))  # full, not a shard
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp2-per-role"])
+def test_fsdp2_checkpoint_resumes_sharded(dp_run, engine: str) -> None:
+    """An FSDP2 checkpoint loaded by 2 FSDP2 ranks: every rank's gathered weights and AdamW moments
+    equal what was saved (the full tensors are cut into this rank's shards on load)."""
+    import json
+
+    tmp, _ = dp_run
+    for rank in range(2):
+        got = json.loads((tmp / f"{engine}-srpo-resume2-{rank}.json").read_text())
+        assert got["iteration"] == 1 and got["n"] > 0
+        assert got["max_diff"] == 0.0, got

@@ -15,6 +15,7 @@ from learners.batching import (
     complete_events,
     event_minibatches,
     gather_response_logprobs,
+    prefix_micro_batches,
 )
 from learners.losses import logprobs_from_logits, srpo_loss
 from tests._builders import make_row
@@ -22,6 +23,32 @@ from tests._builders import make_row
 # --------------------------------------------------------------------------------------------------
 # event-atomic minibatches
 # --------------------------------------------------------------------------------------------------
+
+
+def test_prefix_micro_batches_group_shared_prefixes_and_bound_tree_nodes() -> None:
+    """Events interleave two prompts; micro-batches put each prompt's events together (the budget
+    counts prefix-tree nodes, not row lengths), never split an event, and cover every row once."""
+    a, b = (1, 2, 3, 4, 5, 6), (9, 8, 7, 6, 5, 4)
+    prompts = [a, b, a, b, a, b]
+    rows = [
+        make_row(f"e{e}/0", m, 2, prompt=p, response=(20 + e, 30 + m))
+        for e, p in enumerate(prompts)
+        for m in range(2)
+    ]
+    idx = torch.tensor([e for e in range(6) for _ in range(2)])
+    assert prefix_micro_batches(rows, idx, None) == [list(range(12))]
+    assert prefix_micro_batches([], idx[:0], 10) == []
+    # one prompt's tree: 6 prompt nodes + 3 events x (1 shared first token + 2 leaves) = 15 nodes,
+    # while the summed row lengths would be 6 x 8 = 48
+    out = prefix_micro_batches(rows, idx, 15)
+    assert sorted(i for mb in out for i in mb) == list(range(12))
+    assert [sorted({int(idx[i]) for i in mb}) for mb in out] == [[0, 2, 4], [1, 3, 5]]
+    # a budget below one event: each event alone, whole
+    out = prefix_micro_batches(rows, idx, 1)
+    assert len(out) == 6 and all(len({int(idx[i]) for i in mb}) == 1 and len(mb) == 2 for mb in out)
+    with pytest.raises(ValueError, match="max_tokens"):
+        prefix_micro_batches(rows, idx, 0)
+
 
 # Each event: (K, defect) with defect in: ok, missing (one row lost), duplicate (a member twice),
 # same_size_dup (K rows, one member twice), extra (a member index >= K), mixed_k (rows disagree on

@@ -12,6 +12,7 @@ from learners.batching import collate, gather_response_logprobs
 from learners.prefix import (
     pack_rows,
     packed_logprobs,
+    prefix_tree_size,
     prompt_groups,
     shared_prefix_logits,
     shared_prefix_logprobs,
@@ -118,13 +119,22 @@ def test_bad_input_is_rejected(model) -> None:
 # -------------------------------------------------------------------------------- packing
 
 
+def _tree_rows(vocab: int = 256) -> tuple[list[list[int]], list[list[int]]]:
+    """_rows plus what a prefix tree must handle: a prompt that is a prefix of another, responses
+    sharing their first tokens, an exact duplicate row and an empty response."""
+    prompts, responses = _rows(vocab)
+    prompts += [prompts[0][:6], prompts[1], prompts[1], prompts[0]]
+    responses += [[9, 8, 7], responses[1] + [5, 6], list(responses[4]), []]
+    return prompts, responses
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("pack_len", [1, 64])
+@pytest.mark.parametrize("pack_len", [1, 24, 64])
 def test_packed_logprobs_and_gradients_match_the_per_row_path(
     model, temperature: float, pack_len: int
 ) -> None:
-    """pack_len=1: one segment per sequence; 64: segments share sequences (block mask across them)."""
-    prompts, responses = _rows()
+    """pack_len=1: every row alone; 24: runs cut inside a shared prefix; 64: runs share sequences."""
+    prompts, responses = _tree_rows()
     weights = torch.randn(
         len(prompts), max(len(r) for r in responses), generator=torch.Generator().manual_seed(1)
     )
@@ -144,24 +154,30 @@ def test_packed_logprobs_and_gradients_match_the_per_row_path(
     assert ent is not None and bool((ent[mask] > 0).all()) and bool((ent[~mask] == 0).all())
 
 
-def test_pack_rows_computes_each_prompt_once() -> None:
-    prompts, responses = _rows()
-    packed = pack_rows(prompts, responses, pack_len=64)
-    # 3 distinct prompts (11 + 5 + 17 tokens) once, every response token once
-    assert packed.num_positions == 11 + 5 + 17 + sum(len(r) for r in responses)
-    seq_len = [11 + 7 + 12 + 12 + 2, 5 + 1 + 9 + 4, 17 + 3]  # segments: 44, 19, 20 -> first fit into 64
-    assert sorted(int((s >= 0).sum()) for s in packed.segment) == sorted(
-        [seq_len[0] + seq_len[2], seq_len[1]]
-    )
-    mask = packed.attention_mask()
-    assert mask.shape == (2, 1, packed.input_ids.shape[1], packed.input_ids.shape[1])
+def test_pack_rows_computes_each_distinct_prefix_once() -> None:
+    prompts, responses = _tree_rows()
+    seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
+    distinct = {tuple(s[:n]) for s in seqs for n in range(1, len(s) + 1)}
+    packed = pack_rows(prompts, responses, pack_len=10_000)
+    assert packed.num_positions == len(distinct) == prefix_tree_size(seqs)
+    assert packed.input_ids.shape[0] == 1
+    assert packed.num_positions < sum(map(len, seqs))
+    # every distinct predicting node projected once: as many as distinct prefixes ending before a response token
+    predictors = {
+        tuple((p + r)[: len(p) + j]) for p, r in zip(prompts, responses, strict=True) for j in range(len(r))
+    }
+    assert packed.src_seq.numel() == len(predictors)
+    # a node attends to its ancestors: as many keys as its depth + 1
+    mask = packed.attention_mask()[0, 0]
+    real = packed.real[0]
+    assert torch.equal(mask.sum(-1)[real], packed.position_ids[0][real] + 1)
 
 
 def test_packed_eager_attention_and_bad_input(tiny_model_dir) -> None:
     m = AutoModelForCausalLM.from_pretrained(
         str(tiny_model_dir), dtype=torch.float32, attn_implementation="eager"
     )
-    prompts, responses = _rows()
+    prompts, responses = _tree_rows()
     with torch.no_grad():
         lp, _, _ = packed_logprobs(m, prompts, responses, pack_len=64)
         ref = _per_row(m, prompts, responses, 1.0)
@@ -174,3 +190,68 @@ def test_packed_eager_attention_and_bad_input(tiny_model_dir) -> None:
         pack_rows([[1]], [[]])
     with pytest.raises(ValueError, match="pack_len"):
         pack_rows([[1]], [[1]], pack_len=0)
+
+
+# -------------------------------------------------------------------------------- in the trainer
+
+
+@pytest.mark.parametrize(
+    ("algo", "extra"),
+    [
+        ("srpo", {"kl_coef": 0.1, "entropy_coef": 0.01}),
+        ("srpo", {"gradient_checkpointing": True}),
+        ("grpo", {}),
+    ],
+)
+def test_trainer_prefix_tree_gives_the_per_row_gradient(
+    algo: str, extra: dict, tiny_model_dir, tmp_path
+) -> None:
+    """prefix_tree=True (whole minibatch, and >= 3 prefix micro-batches) == the per-row path, float64."""
+    from learners.batching import build_event_table, event_minibatches, prefix_micro_batches
+    from learners.losses import get_policy_loss
+    from learners.trainer import TrainConfig, Trainer
+
+    cfg = TrainConfig(
+        algo=algo,
+        model=str(tiny_model_dir),
+        out_dir=str(tmp_path),
+        iterations=1,
+        tasks_per_iter=2,
+        group_size=2,
+        epochs=1,
+        max_new_tokens=8,
+        eval_every=0,
+        save_every=0,
+        lr=0.0,
+        max_grad_norm=1e9,
+        dtype="float64",
+        pack_len=16,  # small: several packed sequences and runs cut inside shared prefixes
+        **extra,
+    )
+    trainer = Trainer(cfg, log=None)
+    batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
+    for r in batch.rows:  # sample g0 of each task wins, so every group has a non-zero advantage
+        r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
+        r.reward = r.outcome_reward - r.penalty
+    table = build_event_table(batch.rows)
+    adv = trainer._advantages(table)
+    mb = event_minibatches(table, shuffle=False)[0]
+    loss_fn = get_policy_loss(trainer.algorithm.loss)
+    unit = loss_fn.unit(trainer._loss_config())
+
+    def grads() -> torch.Tensor:
+        return torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None])
+
+    results = []
+    budget = max(prefix_tree_size([(*r.prompt_ids, *r.response_ids) for r in mb.rows]) // 4, 1)
+    assert len(prefix_micro_batches(mb.rows, mb.event_index, budget)) >= 3
+    for tree, tokens in ((False, None), (True, None), (True, budget)):
+        trainer.cfg.prefix_tree, trainer.cfg.max_tokens_per_microbatch = tree, tokens
+        out = trainer._minibatch_step(mb, table, adv, loss_fn, unit)
+        results.append((grads().clone(), out))
+    (g_ref, ref), *others = results
+    assert g_ref.abs().sum() > 0
+    for g, out in others:
+        err = (g - g_ref).abs().max().item()
+        assert torch.allclose(g, g_ref, rtol=1e-7, atol=1e-10), (err, g_ref.abs().max().item())
+        assert out["loss"] == pytest.approx(ref["loss"], rel=1e-7, abs=1e-10)

@@ -222,6 +222,7 @@ def test_token_weights_reach_the_loss_and_accumulate_over_micro_batches(
     assert small["loss"] == pytest.approx(big["loss"], rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_update_with_token_tis_and_learner_behaviour_equals_no_tis(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -10,12 +10,17 @@ from srpo_envs.tasks.knowledge_base import make_knowledge_base
 
 
 def _eval_worlds() -> set[int]:
-    return {int(ds.env_kwargs["kb_seed"]) for ds in SUITES["quick-search"].datasets}
+    return {int(ds.env_kwargs.get("kb_seed", 0)) for ds in SUITES["quick-search"].datasets}
+
+
+def _rl_world() -> int:
+    """The world quick-search's RL runs train in (the env's default kb_seed is 0)."""
+    return int(TRAINING_ENVS["quick-search"].env_kwargs.get("kb_seed", 0))
 
 
 def test_quick_search_evaluates_in_worlds_neither_sft_nor_rl_trained_in() -> None:
     sft_worlds = {w for stage in RECIPES["search"] for w in _training_worlds(SFTConfig(**stage))}
-    rl_world = int(TRAINING_ENVS["quick-search"].env_kwargs["kb_seed"])
+    rl_world = _rl_world()
     assert rl_world == QUICK_SEARCH_TRAIN_KB_SEED
     assert _eval_worlds() and not _eval_worlds() & (sft_worlds | {rl_world})
     # the final warm-start pass plays many worlds and is itself evaluated in unseen ones
@@ -26,7 +31,7 @@ def test_quick_search_evaluates_in_worlds_neither_sft_nor_rl_trained_in() -> Non
 def test_quick_search_eval_world_shares_no_passage_or_question_with_the_rl_world() -> None:
     (eval_world,) = _eval_worlds()
     eval_passages, eval_tasks = make_knowledge_base(seed=eval_world, split="test")
-    train_passages, train_tasks = make_knowledge_base(seed=QUICK_SEARCH_TRAIN_KB_SEED, split="all")
+    train_passages, train_tasks = make_knowledge_base(seed=_rl_world(), split="all")
     assert not {p.title for p in eval_passages} & {p.title for p in train_passages}
     assert not {t.question for t in eval_tasks} & {t.question for t in train_tasks}
     assert [t.meta["kb_seed"] for t in SUITES["quick-search"].datasets[0].load_tasks(4)] == [eval_world] * 4

@@ -435,11 +435,20 @@ def test_backend_is_called_from_one_thread_and_concurrent_requests_are_batched()
     ]
     expected = [WordOverlap(CORPUS).search(b["queries"], b["topk"]) for b in bodies]
     with BackgroundServer(create_app(gated, max_concurrency=8, max_pending=64)) as server:
-        with ThreadPoolExecutor(1) as bg:
-            answers = bg.submit(_fire, server.url, bodies, 24)
+        with ThreadPoolExecutor(2) as bg:
+            # the first request alone, until the backend holds it: else the search thread, started by
+            # that request, may find several already queued when it first looks, and batch them
+            first = bg.submit(_fire, server.url, bodies[:1], 1)
+            deadline = __import__("time").monotonic() + 30
+            while gated.in_flight < 1:
+                assert __import__("time").monotonic() < deadline, (
+                    "the first request never reached the backend"
+                )
+                __import__("time").sleep(0.005)
+            rest = bg.submit(_fire, server.url, bodies[1:], 23)
             _wait_pending(server.url, len(bodies))  # all 24 admitted while the first call is held
             gated.gate.set()
-            answers = answers.result(60)
+            answers = first.result(60) + rest.result(60)
         health = __import__("httpx").get(f"{server.url}/health").json()
     assert gated.max_in_flight == 1 and len(gated.threads) == 1
     for (status, got), hits in zip(answers, expected, strict=True):

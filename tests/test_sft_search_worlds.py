@@ -63,3 +63,18 @@ def test_examples_come_from_several_worlds_with_the_habit(tiny_model_dir) -> Non
         assert answer in answers or answer == bridge
         kinds.append("bridge" if answer == bridge else "gold")
     assert "bridge" in kinds
+
+
+def test_length_groups_cut_sorted_draws_into_batches_of_similar_length() -> None:
+    """``length_groups``: G batches per draw, each a run of the length-sorted draw, so padding shrinks."""
+    import torch
+
+    from learners.sft import _length_grouped
+
+    examples = [([0] * n, [1], "searcher") for n in (5, 50, 7, 60, 9, 70, 11, 80) * 4]
+    batches = _length_grouped(examples, 4, 3, torch.Generator().manual_seed(0))
+    assert [len(b) for b in batches] == [4, 4, 4]
+    spans = sorted((min(len(examples[i][0]) for i in b), max(len(examples[i][0]) for i in b)) for b in batches)
+    assert all(hi_a <= lo_b for (_, hi_a), (lo_b, _) in zip(spans, spans[1:], strict=False))
+    with pytest.raises(ValueError, match="length_groups"):
+        SFTConfig(length_groups=-1)

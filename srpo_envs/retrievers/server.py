@@ -29,14 +29,16 @@ Hardening, because a policy under RL emits arbitrary strings and a trainer fires
 * any backend failure is a 503 with the exception's type and message, so clients retry; a
   failing batch is retried request by request so one bad request cannot fail its neighbours.
 
-Speed, because at one query per request the HTTP layer, not Lucene, is the cost (Lucene answers a
-query in ~0.3 ms of CPU; FastAPI + uvicorn's pure-Python h11 took ~2 ms per request): ``POST
-/retrieve`` is answered by a plain ASGI handler ahead of FastAPI's routing and middleware (the
-route stays declared, so ``/docs`` and ``/openapi.json`` describe it, and every other path goes
-through FastAPI as usual); uvicorn parses HTTP with ``httptools`` (C) on ``uvloop`` when they are
-installed; JSON is parsed and rendered with ``orjson`` (any text orjson refuses is re-parsed by the
-standard library, so errors read exactly as before); and the search thread hands a whole batch's
-answers back to the event loop in one wake-up instead of one per request.
+Speed, because at one query per request the HTTP layer costs as much as the search (a warm Lucene
+answers a query in ~0.3-0.5 ms of CPU; FastAPI + uvicorn's pure-Python h11 spent ~0.4 ms per
+request, this path ~0.1 ms): ``POST /retrieve`` is answered by a plain ASGI handler ahead of
+FastAPI's routing and middleware (the route stays declared, so ``/docs`` and ``/openapi.json``
+describe it, and every other path goes through FastAPI as usual); uvicorn parses HTTP with
+``httptools`` (C; its event loop is ``uvloop`` if that is installed, asyncio's otherwise); JSON is
+parsed and rendered with ``orjson`` (whatever orjson and the standard library would read
+differently is parsed by the standard library, so errors read exactly as before); and the search
+thread hands a whole batch's answers back to the event loop in one wake-up instead of one per
+request.
 """
 
 from __future__ import annotations
@@ -376,7 +378,7 @@ class _RetrieverApp(FastAPI):
     """FastAPI, with ``POST /retrieve`` answered by a plain ASGI handler ahead of the routing.
 
     FastAPI's per-request machinery (middleware stack, routing, dependency solving, an exit stack,
-    a ``Response`` object) cost about as much CPU as Lucene's search at one query per request. The
+    a ``Response`` object) was most of the server's own CPU time at one query per request. The
     route is still declared on the app - ``/docs`` and ``/openapi.json`` describe it, and it
     answers when the app is mounted under a prefix - and every other path goes through FastAPI.
     """
