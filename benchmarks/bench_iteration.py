@@ -2,7 +2,12 @@
 
     python -m benchmarks.bench_iteration                      # srpo, mini-sft, 16 tasks x G=8 = 512 rows
     python -m benchmarks.bench_iteration --no-share-prefix    # the same without shared-prefix prefill
-    python -m benchmarks.bench_iteration --set max_tokens_per_microbatch=4096   # any TrainConfig field
+    python -m benchmarks.bench_iteration --set prefix_tree=false --set max_tokens_per_microbatch=null
+                                                              # the per-row path, one micro-batch (any field)
+
+Settings: :data:`RECOMMENDED` (the project's recommended update: a prefix-tree forward,
+``prefix_tree=true``, with memory bounded by ``max_tokens_per_microbatch=4096`` prefix-tree nodes per
+micro-batch) unless ``--set`` overrides them; every line printed names the settings it ran with.
 
 What runs: ``learners.trainer.Trainer`` on ``quick-math``'s env (ProcArith, proposers-aggregator: 3
 proposers + 1 aggregator per episode, so 16 tasks x G=8 = 512 completions, 384 of them on 16 distinct
@@ -36,12 +41,24 @@ QUICK_MATH_ENV = {
 }
 
 
+#: TrainConfig fields this benchmark sets unless ``--set`` overrides them: the recommended update
+#: (each micro-batch forwarded as its prefix tree, memory bounded per micro-batch).
+RECOMMENDED: dict[str, Any] = {"prefix_tree": True, "max_tokens_per_microbatch": 4096}
+
+
 def _value(text: str) -> Any:
-    """A ``--set`` value: JSON when it parses (numbers, bools, lists), else the string."""
+    """A ``--set`` value: JSON when it parses (numbers, bools, lists, null), ``None``, else the string."""
+    if text in ("None", "none"):
+        return None
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def settings(pairs: list[str]) -> dict[str, Any]:
+    """:data:`RECOMMENDED` updated with ``FIELD=VALUE`` overrides."""
+    return {**RECOMMENDED, **{k: _value(v) for k, v in (kv.split("=", 1) for kv in pairs)}}
 
 
 def run_once(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,7 +69,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    overrides = dict(kv.split("=", 1) for kv in args.set)
+    overrides = settings(args.set)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(
             algo=args.algo,
@@ -70,7 +87,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
             eval_every=0,
             save_every=0,
             seed=0,
-            **{k: _value(v) for k, v in overrides.items()},
+            **overrides,
         )
         trainer = Trainer(cfg, log=None)
         for pol in trainer.policies.policies:
@@ -109,6 +126,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         for h, n in zip(history, tokens, strict=True)
     ]
     return {
+        "settings": overrides,
         "share_prefix": args.share_prefix,
         "rows": rows,
         "tokens": tokens,
@@ -152,7 +170,7 @@ def _line(r: dict[str, Any]) -> str:
         f"share_prefix={str(r['share_prefix']):5s} rows={r['rows'][0]} tokens={r['tokens']} "
         f"wall s/1k tok: rollout {s['rollout']:.3f} update {s['update']:.3f} total {s['total']:.3f}; "
         f"CPU s/1k tok: rollout {c['rollout']:.3f} update {c['update']:.3f} total {c['total']:.3f}; "
-        f"peak RSS {r['peak_rss_gb']:.2f} GB"
+        f"peak RSS {r['peak_rss_gb']:.2f} GB; settings {json.dumps(r['settings'])}"
     )
 
 

@@ -11,7 +11,9 @@ random ids (cost does not depend on their values). Rows are chunked ``--forward-
 sorting by prompt (what a trainer does to keep a prompt's rows together), and each chunk runs
 forward -> log-probs -> weighted sum -> backward, either through the per-row layout
 (:func:`learners.batching.collate` + one forward + :func:`learners.batching.gather_response_logprobs`)
-or :func:`learners.prefix.shared_prefix_logprobs`. Reported per path: the median over ``--repeats``
+or :func:`learners.prefix.shared_prefix_logprobs`, or (``tree``) the whole batch in one
+:func:`learners.prefix.packed_logprobs` call (the trainer's ``prefix_tree`` path; random response
+tokens share no prefixes, so this understates its saving on real rollouts). Reported per path: the median over ``--repeats``
 interleaved passes of the wall and process-CPU time per 1k response tokens, the positions forwarded, and the activation
 memory autograd saves for backward (bytes of distinct storages, summed over chunks: the memory a single
 backward over the minibatch holds; one chunk's share is what a per-micro-batch backward holds). The
@@ -32,7 +34,7 @@ from typing import Any
 import torch
 
 from learners.batching import collate, gather_response_logprobs
-from learners.prefix import shared_prefix_logprobs
+from learners.prefix import packed_logprobs, prefix_tree_size, shared_prefix_logprobs
 
 MODEL = Path(__file__).resolve().parents[1] / "agents" / "checkpoints" / "mini-sft"
 SYSTEM = "You solve math problems step by step and end with the final answer in \\boxed{}."
@@ -96,6 +98,10 @@ def per_row(model: Any, prompts: list[list[int]], responses: list[list[int]]) ->
 
 def shared(model: Any, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
     return shared_prefix_logprobs(model, prompts, responses)[0]
+
+
+def tree(model: Any, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
+    return packed_logprobs(model, prompts, responses, pack_len=512)[0]
 
 
 def one_pass(
@@ -197,8 +203,11 @@ def main() -> None:
             + len(c) * (max(len(r) for _, r in c) - 1)
             for c in chunks
         ),
+        "tree": prefix_tree_size([p + r for p, r in rows]),
     }
-    fns = {"per-row": per_row, "shared": shared}
+    fns = {"per-row": per_row, "shared": shared, "tree": tree}
+    # the prefix tree takes the whole batch in one call (it packs its own sequences, as the trainer does)
+    batches = {"per-row": chunks, "shared": chunks, "tree": [rows]}
     times: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     saved: dict[str, int] = {}
@@ -206,15 +215,19 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, fn in fns.items():
             model.zero_grad(set_to_none=True)
-            s, c, b, lp = one_pass(model, fn, chunks)
+            s, c, b, lp = one_pass(model, fn, batches[name])
             times[name].append(s)
             cpu[name].append(c)
             saved[name], lps[name] = b, lp
-    diff = max((a - b).abs().max().item() for a, b in zip(lps["per-row"], lps["shared"], strict=True))
+    ref = torch.zeros(len(rows), max(len(r) for _, r in rows))
+    for i, lp in enumerate(lps["per-row"]):
+        ref[i * args.forward_rows : i * args.forward_rows + lp.shape[0], : lp.shape[1]] = lp
+    diff_shared = max((a - b).abs().max().item() for a, b in zip(lps["per-row"], lps["shared"], strict=True))
+    diff_tree = (lps["tree"][0] - ref).abs().max().item()
     n_prompts = len({tuple(p) for p, _ in rows})
     print(
         f"{len(rows)} rows, {n_prompts} distinct prompts, {tokens} response tokens, "
-        f"{len(chunks)} chunks of <= {args.forward_rows} rows; max |log-prob diff| {diff:.2e}"
+        f"{len(chunks)} chunks of <= {args.forward_rows} rows; max |log-prob diff| vs per-row: shared {diff_shared:.2e}, tree {diff_tree:.2e}"
     )
     for name in fns:
         med, med_cpu = statistics.median(times[name]), statistics.median(cpu[name])
@@ -222,12 +235,13 @@ def main() -> None:
             f"{name:8s} wall {1000 * med / tokens:.3f} s/1k tokens, CPU {1000 * med_cpu / tokens:.3f} s/1k tokens  "
             f"positions {positions[name]:>7d}  saved for backward {saved[name] / 1024**2:.0f} MiB"
         )
-    ratio = statistics.median(s / p for s, p in zip(times["shared"], times["per-row"], strict=True))
-    ratio_cpu = statistics.median(s / p for s, p in zip(cpu["shared"], cpu["per-row"], strict=True))
-    print(
-        f"shared/per-row: wall time {ratio:.2f}, CPU time {ratio_cpu:.2f}, "
-        f"saved memory {saved['shared'] / saved['per-row']:.2f}"
-    )
+    for name in ("shared", "tree"):
+        ratio = statistics.median(s / p for s, p in zip(times[name], times["per-row"], strict=True))
+        ratio_cpu = statistics.median(s / p for s, p in zip(cpu[name], cpu["per-row"], strict=True))
+        print(
+            f"{name}/per-row: wall time {ratio:.2f}, CPU time {ratio_cpu:.2f}, "
+            f"saved memory {saved[name] / saved['per-row']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ Both sides start from ``agents/checkpoints/mini-sft`` in float32 on the CPU, sam
 with at most ``--new`` new tokens, and take one optimizer step per batch:
 
 * **srpo**: one SRPO iteration of :mod:`benchmarks.bench_iteration` (quick-math's env, 16 tasks x G=8 =
-  512 completions, one minibatch);
+  512 completions, one minibatch) with its recommended settings
+  (:data:`benchmarks.bench_iteration.RECOMMENDED`: prefix-tree forward, 4096-node micro-batches;
+  ``--set`` overrides them, e.g. ``--set prefix_tree=false`` for the per-row forward); the settings are
+  printed above the table;
 * **TRL**: ``GRPOTrainer`` on the same kind of prompts (quick-math proposer prompts in the model's chat
   template, 16 prompts x 8 generations = 128 completions per step, ``beta=0``, gradient checkpointing off,
   one ``num_iterations``), a correctness reward on ``\\boxed{}``. Its generation time is the time inside
@@ -179,6 +182,7 @@ def _srpo(args: argparse.Namespace) -> dict[str, Any]:
             for key in ("s_per_1k", "cpu_s_per_1k")
         },
         "peak_rss_gb": r["peak_rss_gb"],
+        "settings": r["settings"],
     }
 
 
@@ -219,7 +223,8 @@ def main() -> None:
         runs["trl"].append(_trl(args))
     print(
         f"srpo: {runs['srpo'][0]['completions']} completions/iteration; "
-        f"TRL: {runs['trl'][0]['completions']} completions/step; new={args.new}"
+        f"TRL: {runs['trl'][0]['completions']} completions/step; new={args.new}; "
+        f"srpo settings {json.dumps(runs['srpo'][0]['settings'])}"
     )
     print(table(runs))
 

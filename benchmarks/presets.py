@@ -21,8 +21,9 @@ BUNDLED_MODEL = _CHECKPOINTS / "mini-sft"
 BUNDLED_SEARCH_MODEL = _CHECKPOINTS / "mini-search-sft"
 BUNDLED_COLUMNS_MODEL = _CHECKPOINTS / "mini-columns-sft"
 #: The invented world quick-search's RL runs train in: ``srpo_envs.tasks.knowledge_base.SFT_WORLD_SEED_BASE``,
-#: the first of the search warm start's training worlds (its BM25 index is cached after the first run),
-#: never the suite's evaluation world (``benchmarks.suites.QUICK_SEARCH_EVAL_KB_SEED``).
+#: the first world of a many-world search warm start (``learners.sft.SFTConfig.kb_worlds``; its BM25
+#: index is cached after the first run), never the suite's evaluation world
+#: (``benchmarks.suites.QUICK_SEARCH_EVAL_KB_SEED``).
 QUICK_SEARCH_TRAIN_KB_SEED = 1000
 
 
@@ -102,9 +103,12 @@ QUICK_TRAIN: dict[str, Any] = {
     "lr": 3e-5,
 }
 
-#: The suites ``srpo bench quick`` runs, in order: one where RL removes a habit on held-out problems,
-#: its routed version (the router picks K, each member costs reward) and the search suite.
-QUICK_SUITES: tuple[str, ...] = ("quick-columns", "quick-columns-routed", "quick-search")
+#: The suites ``srpo bench quick`` runs, in order: one where RL removes a habit on held-out problems and
+#: its routed version (the router picks K, each member costs reward). ``quick-search`` (and
+#: ``quick-math``) run with ``--suites``; they are not in the default because their deltas sit inside
+#: the seed noise (the shipped search warm start memorised one invented world and scores 0 on the
+#: unseen world quick-search evaluates in; see the README).
+QUICK_SUITES: tuple[str, ...] = ("quick-columns", "quick-columns-routed")
 #: ``bench quick`` trains this many runs at a time (Ray tasks, cores split between them): the tiny
 #: models use two threads poorly, two runs side by side use two cores well. 0: one at a time here.
 QUICK_WORKERS = 2
@@ -118,6 +122,8 @@ _COLUMNS_TRAIN: dict[str, Any] = {
     "group_size": 8,
     "minibatches_per_iter": 2,
     "lr": 1e-4,
+    # the update as bench_iteration recommends: prefix-tree forward, memory bounded by a token budget
+    "prefix_tree": True,
     "max_tokens_per_microbatch": 4096,
 }
 

@@ -5,12 +5,9 @@ overrides of one pass, which is saved in bfloat16 and reloaded by the next, exac
 commands does. ``math`` builds ``agents/checkpoints/mini-sft``; ``columns`` continues the math passes
 on column addition, ending with a teacher that forgets the first carry in 40% of its solutions
 (``carry_slip``), a systematic error that RL removes on held-out problems too (the quick-columns
-suite); ``search`` builds ``mini-search-sft``: a first pass in the single invented world 0 teaches the
-formats (and memorises that world), a second one plays every episode in one of 16 other invented
-worlds, so that answering takes reading what was retrieved, with an aggregator that answers two-hop
-questions with the bridge entity after the first hop in 30% of its demonstrations (``premature_answer``):
-a habit RL removes on unseen worlds (the quick-search suite). Measured accuracies of each pass are in
-the README.
+suite); ``search`` builds ``mini-search-sft`` in the single invented world 0 (it memorises that world's
+facts: 0% on unseen worlds, see ``SFTConfig.kb_worlds`` for the many-world setting). Measured accuracies
+of each pass are in the README.
 """
 
 from __future__ import annotations
@@ -35,21 +32,5 @@ RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
         {**_COLUMNS, "steps": 1200, "seed": 3},
         {**_COLUMNS, "steps": 500, "seed": 4, "carry_slip": 0.4},
     ),
-    "search": (
-        {"domain": "search"},
-        {
-            "domain": "search",
-            "kb_worlds": 16,
-            "premature_answer": 0.3,
-            "eval_kb_seeds": (1, 2),
-            "eval_problems": 32,
-            "search_episodes": 600,
-            "steps": 100,
-            "lr": 2e-3,
-            "warmup": 10,
-            "refine_steps": 0,
-            "length_groups": 8,
-            "seed": 5,
-        },
-    ),
+    "search": ({"domain": "search"},),
 }
