@@ -69,6 +69,25 @@ class ValueCritic(nn.Module):
             attention[i, width - len(x) :] = 1
         return input_ids, attention
 
+    def token_chunks(self, texts: Sequence[str], max_tokens: int | None) -> list[list[int]]:
+        """Indices of ``texts`` in chunks whose padded size (rows x widest input) stays within
+        ``max_tokens`` (one chunk when ``None``): sorted by input length so short states (a question)
+        are not padded to long ones (an aggregation state). A text longer than the budget gets a chunk
+        of its own. Bounds the memory of a forward/backward by the budget, not by the minibatch."""
+        if max_tokens is None:
+            return [list(range(len(texts)))]
+        lengths = [len(self.fit(t)) for t in texts]
+        chunks: list[list[int]] = []
+        current: list[int] = []
+        for i in sorted(range(len(texts)), key=lambda j: lengths[j]):
+            if current and (len(current) + 1) * lengths[i] > max_tokens:
+                chunks.append(current)
+                current = []
+            current.append(i)
+        if current:
+            chunks.append(current)
+        return chunks
+
     def forward(self, texts: Sequence[str]) -> Tensor:
         input_ids, attention = self.encode(texts)
         device = self.head.weight.device

@@ -123,7 +123,7 @@ class TrainConfig:
     max_tokens_per_microbatch: int | None = None
     """prompt+response tokens per micro-batch (with prefix_tree: prefix-tree nodes): backward per
     micro-batch, one optimizer step per minibatch, the gradient equal to the whole minibatch's (None: the
-    minibatch is one micro-batch)"""
+    minibatch is one micro-batch); a critic (MAPPO) chunks its state inputs by the same budget"""
     prefix_tree: bool = False
     """forward each micro-batch as its rows' prefix tree (learners.prefix.pack_rows): every distinct
     prefix (shared prompts, repeated response starts) computed once, log-probs equal to the per-row
@@ -447,8 +447,11 @@ class Trainer:
         cfg = self.cfg
         values = None
         if self.critic is not None:
+            texts = [r.state_text for r in table.first_rows()]
+            values = torch.zeros(len(texts), dtype=torch.float64)
             with torch.no_grad():
-                values = self.critic([r.state_text for r in table.first_rows()]).double().cpu()
+                for idx in self.critic.token_chunks(texts, cfg.max_tokens_per_microbatch):
+                    values[idx] = self.critic([texts[i] for i in idx]).double().cpu()
         self._event_values = values
         estimator = get_adv_estimator(cfg.adv_estimator or self.algorithm.estimator)
         adv_cfg = AdvantageConfig(scale=cfg.resolved("adv_scale"), gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
@@ -711,15 +714,26 @@ class Trainer:
         assert self.critic is not None and self.critic_optimizer is not None
         assert mb.event_pos is not None and adv.returns is not None and self._event_values is not None
         pos = mb.event_pos
-        values = self.critic([table.event_row(e).state_text for e in pos.tolist()])
-        old = self._event_values[pos].to(device=values.device, dtype=values.dtype)
-        ret = adv.returns[pos].to(device=values.device, dtype=values.dtype)
-        vloss, vstats = value_loss(values, old, ret, clip_eps=self.cfg.vf_clip)
+        texts = [table.event_row(e).state_text for e in pos.tolist()]
         self.critic_optimizer.zero_grad(set_to_none=True)
-        vloss.backward()
+        total = 0.0
+        stats: dict[str, float] = {}
+        # backward per token-budget chunk, each chunk's mean weighted by its share of the events: the
+        # accumulated gradient and the stats are those of the whole minibatch's mean value loss
+        for idx in self.critic.token_chunks(texts, self.cfg.max_tokens_per_microbatch):
+            values = self.critic([texts[i] for i in idx])
+            sel = pos[idx]
+            old = self._event_values[sel].to(device=values.device, dtype=values.dtype)
+            ret = adv.returns[sel].to(device=values.device, dtype=values.dtype)
+            vloss, vstats = value_loss(values, old, ret, clip_eps=self.cfg.vf_clip)
+            share = len(idx) / len(texts)
+            (vloss * share if share != 1 else vloss).backward()
+            total += float(vloss.detach()) * share
+            for k, v in vstats.items():
+                stats[k] = stats.get(k, 0.0) + float(v) * share
         torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm)
         self.critic_optimizer.step()
-        return {"critic/value_loss": float(vloss.detach()), **{f"critic/{k}": v for k, v in vstats.items()}}
+        return {"critic/value_loss": total, **{f"critic/{k}": v for k, v in stats.items()}}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, n: int | None = None, k: int | None = None, seed: int = 10_007) -> float:

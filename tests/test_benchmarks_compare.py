@@ -66,6 +66,8 @@ def test_bench_quick_runs_every_suite_and_merges_outputs(tiny_model_dir: Path, t
             str(search_model),
             "--columns-model",
             str(tiny_model_dir),
+            "--suites",  # the default two column suites plus search, whose wiring this also checks
+            "quick-columns,quick-columns-routed,quick-search",
         ]
         result = CliRunner().invoke(
             app, [*args, "--seeds", "0", "--iterations", "1", "--eval-limit", "2", "--workers", "0"]

@@ -201,3 +201,43 @@ def test_a_policy_loss_registered_outside_the_package_trains(tiny_model_dir: Pat
     finally:
         ALGORITHMS.pop("test-reinforce", None)
         POLICY_LOSSES.pop("test-reinforce", None)
+
+
+def test_critic_chunks_by_the_token_budget_with_the_whole_minibatch_gradient(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """MAPPO's critic under ``max_tokens_per_microbatch``: values and the value-loss gradient over
+    length-sorted chunks (backward each, weighted by its share of events) equal the one-forward ones
+    (float64), and no chunk's padded size exceeds the budget, so the critic's memory is bounded too."""
+    trainer = Trainer(
+        _cfg(tiny_model_dir, tmp_path, algo="mappo", dtype="float64", critic_lr=0.0, group_size=3), log=None
+    )
+    assert trainer.critic is not None
+    batch = trainer.collector.collect([0, 1], group_size=3, seed=3)
+    table = build_event_table(batch.rows)
+    mb = event_minibatches(table, shuffle=False)[0]
+
+    def critic_grads() -> torch.Tensor:
+        return torch.cat([p.grad.flatten() for p in trainer.critic.parameters() if p.grad is not None])
+
+    trainer.cfg.max_tokens_per_microbatch = None
+    adv_big = trainer._advantages(table)
+    values_big = trainer._event_values.clone()
+    big = trainer._critic_step(mb, table, adv_big)
+    g_big = critic_grads().clone()
+
+    texts = [table.event_row(e).state_text for e in mb.event_pos.tolist()]
+    widths = [len(trainer.critic.fit(t)) for t in texts]
+    budget = max(widths) * 2
+    chunks = trainer.critic.token_chunks(texts, budget)
+    assert len(chunks) >= 3 and sorted(i for c in chunks for i in c) == list(range(len(texts)))
+    assert all(len(c) * max(widths[i] for i in c) <= budget for c in chunks)
+    trainer.cfg.max_tokens_per_microbatch = budget
+    adv_small = trainer._advantages(table)
+    assert torch.allclose(trainer._event_values, values_big, rtol=1e-12, atol=1e-12)
+    small = trainer._critic_step(mb, table, adv_small)
+    g_small = critic_grads()
+
+    assert g_big.abs().sum() > 0
+    assert torch.allclose(g_big, g_small, rtol=1e-9, atol=1e-12)
+    assert small["critic/value_loss"] == pytest.approx(big["critic/value_loss"], rel=1e-9, abs=1e-12)
