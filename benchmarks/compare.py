@@ -70,12 +70,19 @@ class ComparisonResult:
 
 
 #: Per-iteration trainer metrics averaged over a run's iterations into its row of ``comparison.csv``
-#: (column name -> ``metrics.jsonl`` key): how off-policy the updates were and how often clipping acted.
-UPDATE_DIAGNOSTICS: dict[str, str] = {
-    "clip_frac": "actor/clip_frac",
-    "mean_abs_log_ratio": "actor/mean_abs_log_ratio",
-    "approx_kl": "actor/approx_kl",
-    "mean_k": "rollout/mean_k",
+#: (column name -> ``metrics.jsonl`` keys, the first one logged wins): how off-policy the updates were
+#: and how often clipping acted.
+UPDATE_DIAGNOSTICS: dict[str, tuple[str, ...]] = {
+    "clip_frac": ("actor/clip_frac",),
+    "mean_abs_log_ratio": ("actor/mean_abs_log_ratio",),
+    "approx_kl": ("actor/approx_kl",),
+    # K of the member rounds (proposers or searchers; a router's K=1 choices included), not of every
+    # event: route and aggregate events always have K=1
+    "mean_k": (
+        "rollout/mean_k_by_type/propose",
+        "rollout/mean_k_by_type/search",
+        "rollout/mean_k",
+    ),
 }
 
 
@@ -86,8 +93,12 @@ def run_diagnostics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     on-policy and the clipped objectives were never exercised -- the number to check beside accuracy.
     """
     out = {}
-    for col, key in UPDATE_DIAGNOSTICS.items():
-        vals = [float(m[key]) for m in metrics if isinstance(m.get(key), int | float)]
+    for col, keys in UPDATE_DIAGNOSTICS.items():
+        vals: list[float] = []
+        for key in keys:
+            vals = [float(m[key]) for m in metrics if isinstance(m.get(key), int | float)]
+            if vals:
+                break
         out[col] = float(np.mean(vals)) if vals else float("nan")
     return out
 
@@ -342,11 +353,11 @@ def _summary_table(
     # router's K (routed suites), macro over datasets, mean ± std over seeds
     team_cols = {
         label: col
-        for label, col in (("eval tool calls", "tool_calls_per_problem"), ("eval K", "mean_k"))
-        if any(
-            float(np.nan_to_num(r.macro.get(col, 0.0))) > (1.0 if col == "mean_k" else 0.0)
-            for r in evals.values()
+        for label, col, shown in (
+            ("eval tool calls", "tool_calls_per_problem", True),
+            ("eval K", "mean_k", cfg.workflow == "routed"),
         )
+        if shown and any(float(np.nan_to_num(r.macro.get(col, 0.0))) > 0 for r in evals.values())
     }
 
     def team(name: str) -> dict[str, str]:
@@ -382,7 +393,7 @@ def _summary_table(
                 "clip_frac": format_mean_std(*_ms(sub["clip_frac"])),
                 "mean |L_e|": format_mean_std(*_ms(sub["mean_abs_log_ratio"]), digits=4),
                 "approx_kl": format_mean_std(*_ms(sub["approx_kl"]), digits=5),
-                "mean K": format_mean_std(*_ms(sub["mean_k"]), digits=2),
+                "train K": format_mean_std(*_ms(sub["mean_k"]), digits=2),
                 **team(name),
                 **{
                     f"{d} avg@{k}": format_mean_std(

@@ -27,6 +27,15 @@ def test_run_diagnostics_average_over_iterations() -> None:
     assert math.isnan(run_diagnostics([{"iteration": 1}])["clip_frac"])  # never logged: NaN, not 0
 
 
+def test_run_diagnostics_report_the_k_of_member_rounds_not_of_every_event() -> None:
+    """A proposers->aggregator batch has K=3 proposer rounds and K=1 aggregations: the table's K is
+    the proposer rounds' (3), not the mean over every event (2)."""
+    metrics = [{"iteration": 1, "rollout/mean_k": 2.0, "rollout/mean_k_by_type/propose": 3.0}]
+    assert run_diagnostics(metrics)["mean_k"] == pytest.approx(3.0)
+    search = [{"iteration": 1, "rollout/mean_k": 1.5, "rollout/mean_k_by_type/search": 2.0}]
+    assert run_diagnostics(search)["mean_k"] == pytest.approx(2.0)
+
+
 def test_k_over_training_plot(tmp_path) -> None:  # noqa: ANN001
     rows = [{"variant": v, "seed": 0, **r} for v in ("a", "b") for r in k_counts_of(METRICS)]
     assert len(rows) == 8 and {r["k"] for r in rows} == {1, 2, 3}
