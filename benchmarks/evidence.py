@@ -195,6 +195,10 @@ class SuiteGrader:
             return [f"{dataset}: dataset_sha256 {sha256} is not the registered dataset's {expected}"]
         return []
 
+    def member_cost(self, suite: str, dataset: str) -> float:
+        """The registered dataset's per-member cost (``env_kwargs["member_cost"]``; 0 when none)."""
+        return float(self._dataset(suite, dataset).env_kwargs.get("member_cost") or 0.0)
+
     def grade(self, suite: str, dataset: str, task_index: int, answer: str | None) -> tuple[bool, float]:
         """Graded exactly as the env grades its final answer (math: ``grade``; search: exact match)."""
         key = (suite, dataset, task_index, answer)

@@ -157,11 +157,14 @@ def _pick(records: list[LeaderboardRecord], name: str | None, file: Path) -> Lea
     if name is None:
         if len(records) == 1:
             return records[0]
-        listing = [f"  {r.short_hash}  {r.name}" for r in records]
+        listing = [f"  {r.short_hash}  {r.name}  [{r.suite}]" for r in records]
         _fail([f"error: {file} holds {len(records)} records; choose one with --name", *listing], code=2)
     hits = [r for r in records if name in (r.name, r.record_hash) or r.record_hash.startswith(name)]
     if len(hits) != 1:
-        _fail([f"error: --name {name!r} matches {len(hits)} records of {file}"], code=2)
+        # the same name in several suites (e.g. bench quick's start model): the hash tells them apart
+        listing = [f"  {r.short_hash}  {r.name}  [{r.suite}]" for r in hits]
+        hint = ["pass the record hash (or a prefix of it) as --name:"] if hits else []
+        _fail([f"error: --name {name!r} matches {len(hits)} records of {file}", *hint, *listing], code=2)
     return hits[0]
 
 

@@ -100,6 +100,11 @@ class SampleGrader(Protocol):
         (the reward before any per-member cost)."""
         ...
 
+    def member_cost(self, suite: str, dataset: str) -> float:
+        """The per-member cost the registered dataset's env charges (0 when none; routed suites set
+        one), so recorded rewards below the graded reward are expected there."""
+        ...
+
 
 @dataclass(frozen=True)
 class SampleSet:
@@ -394,6 +399,7 @@ def _grader_errors(
     ev = record.evidence
     assert ev is not None
     costed = _costed(header)
+    charged = getattr(grader, "member_cost", None)  # graders written before it: the header decides
     errors = []
     try:
         suite = dict(grader.suite_problems(record.suite))
@@ -415,7 +421,10 @@ def _grader_errors(
         return errors  # grading against the wrong data would only add noise
     for n, s in enumerate(samples, start=2):
         correct, reward = grader.grade(record.suite, s["dataset"], s["task_index"], s["answer"])
-        reward_ok = float(s["reward"]) <= reward + METRIC_TOLERANCE if costed else _close(reward, s["reward"])
+        # a suite whose datasets charge per-member costs (routed suites) takes them off the graded reward
+        # even when the user passed no member_cost: the registered dataset says so, not the header
+        paid = costed or (charged is not None and charged(record.suite, s["dataset"]) > 0)
+        reward_ok = float(s["reward"]) <= reward + METRIC_TOLERANCE if paid else _close(reward, s["reward"])
         if correct != s["correct"] or not reward_ok:
             errors.append(
                 f"sample line {n} ({s['dataset']} {s['task_id']!r} #{s['sample_idx']}, seed {s['seed']}): "

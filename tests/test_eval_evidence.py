@@ -270,3 +270,37 @@ def test_results_list_carries_its_evidence(genuine, tmp_path) -> None:
     assert res.exit_code == 0, res.output
     with pytest.raises(FileNotFoundError, match="evidence file of record"):
         write_records(tmp_path / "elsewhere", [rec])
+
+
+def test_routed_suite_record_validates_with_member_costs(tmp_path) -> None:
+    """A routed suite's datasets charge a per-member cost, so a sample's reward is 1 - cost x K (or
+    -cost x K), not the graded 1/0: ``validate`` failed every genuine routed record (found on a
+    `bench quick` record of quick-columns-routed) because only a user-passed member_cost counted."""
+    from benchmarks.evidence import record_evidence
+
+    result = evaluate(
+        PolicyMap.shared(ArithPolicy(p=0.5)),
+        "quick-columns-routed",
+        "routed",
+        k=2,
+        sampling=SAMPLING,
+        progress=False,
+        limit=2,
+        seed=0,
+    )
+    assert (result.samples["reward"] % 1 != 0).all()  # every reward carries the member cost
+    rec = make_record(
+        suite="quick-columns-routed",
+        k=2,
+        algorithm="scripted",
+        workflow="routed",
+        model_id="arith-policy",
+        config=result.run_info["config"],
+        dataset_sha256=result.run_info["dataset_sha256"],
+        **record_evidence([result], tmp_path),
+    )
+    path = tmp_path / "record.json"
+    path.write_text(dump_record_json(rec))
+    res = _validate(str(path))
+    assert res.exit_code == 0, res.output
+    assert "not regraded" not in res.stdout
