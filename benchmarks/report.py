@@ -278,6 +278,8 @@ def plot_suite_panels(
     if not suites:
         raise ValueError("plot_suite_panels: no suites")
     variants = list(dict.fromkeys([*curves[hue].tolist(), *heldout[hue].tolist()]))
+    from matplotlib import ticker
+
     plt = _pyplot()
     colours = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
     fig, axes = plt.subplots(
@@ -301,6 +303,7 @@ def plot_suite_panels(
             ax_c.text(0.5, 0.5, "no training curve", ha="center", va="center", transform=ax_c.transAxes)
         ax_c.set_title(f"{name}: training rollouts", fontsize="medium", loc="left")
         ax_c.set_ylabel("accuracy")
+        ax_c.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # iterations: no 1.5 ticks
         ax_c.grid(True, alpha=0.3)
         held = heldout[heldout[suite] == name]
         n = max(held[hue].nunique(), 1)
