@@ -9,32 +9,16 @@ import torch
 
 from agents.rows import Row
 from learners.batching import event_minibatches, shard_minibatch
-
-
-def _row(event_id: str, member: int, k: int, n_tokens: int) -> Row:
-    return Row(
-        event_id=event_id,
-        episode_id=event_id.split("/")[0],
-        pre_state_id="s",
-        event_type="t",
-        step=0,
-        agent=f"a{member}",
-        role="r",
-        member_index=member,
-        k=k,
-        prompt_ids=[5, 6],
-        response_ids=[7] * n_tokens,
-        response_mask=[1] * n_tokens,
-        behaviour_logprobs=[-0.1] * n_tokens,
-        policy_version=0,
-        task_id="t",
-        group_id="g",
-        reward=1.0,
-    )
+from tests._builders import make_row
 
 
 def _rows(ks: list[int]) -> list[Row]:
-    return [_row(f"ep{e}/0", m, k, n_tokens=1 + (3 * e + m) % 7) for e, k in enumerate(ks) for m in range(k)]
+    """Events of the given sizes, each member with its own response length (1..7 tokens)."""
+    return [
+        make_row(f"ep{e}/0", m, k, response=[7] * (1 + (3 * e + m) % 7), task_id="t")
+        for e, k in enumerate(ks)
+        for m in range(k)
+    ]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])

@@ -533,16 +533,24 @@ def create_app(
     return app
 
 
-class _H11IdleTimeout(H11Protocol):
-    """uvicorn's h11 protocol, plus a deadline for a request's headers to arrive.
+class _HeaderDeadline:
+    """A deadline for a request's headers to arrive, mixed into uvicorn's HTTP protocols.
 
     uvicorn arms ``timeout_keep_alive`` only after a response and cancels it on the next byte, so a
     connection that never sends a request - or sends one byte at a time - was never closed. Here a
-    timer of the same length runs from connection start (and from each response's end) until a
-    request's headers are complete; if it fires first, the connection is closed.
+    timer of the same length runs from connection start (and from each response's end after which no
+    request is the app's) until a request's headers are complete; if it fires first, the connection
+    is closed. The protocol says when it is idle (:meth:`_idle`) and calls :meth:`_arm` /
+    :meth:`_disarm` where its parser sees a response end / headers complete.
     """
 
     _header_deadline: asyncio.TimerHandle | None = None
+    loop: asyncio.AbstractEventLoop
+    timeout_keep_alive: float
+    transport: asyncio.Transport
+
+    def _idle(self) -> bool:
+        raise NotImplementedError
 
     def _arm(self) -> None:
         self._disarm()
@@ -555,58 +563,42 @@ class _H11IdleTimeout(H11Protocol):
 
     def _headers_overdue(self) -> None:
         self._header_deadline = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self._idle() and not self.transport.is_closing():
             self.transport.close()
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class _H11IdleTimeout(_HeaderDeadline, H11Protocol):
+    """uvicorn's h11 protocol with :class:`_HeaderDeadline`."""
+
+    def _idle(self) -> bool:
+        return self.conn.their_state is h11.IDLE
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:  # headers are in; the request is the app's now
+        if not self._idle():  # headers are in; the request is the app's now
             self._disarm()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+        if not self.transport.is_closing() and self._idle():
             self._arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
 
 
 if HttpToolsProtocol is not None:
 
-    class _HttpToolsIdleTimeout(HttpToolsProtocol):
-        """uvicorn's httptools protocol, with :class:`_H11IdleTimeout`'s deadline for request headers.
+    class _HttpToolsIdleTimeout(_HeaderDeadline, HttpToolsProtocol):
+        """uvicorn's httptools protocol (C parser) with :class:`_HeaderDeadline`."""
 
-        The same rule on the C parser: a timer of ``timeout_keep_alive`` runs from connection start
-        and from the end of each response after which no request is queued, until a request's headers
-        are complete; if it fires first the connection is closed.
-        """
-
-        _header_deadline: asyncio.TimerHandle | None = None
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._header_deadline = self.loop.call_later(self.timeout_keep_alive, self._headers_overdue)
-
-        def _disarm(self) -> None:
-            if self._header_deadline is not None:
-                self._header_deadline.cancel()
-                self._header_deadline = None
-
-        def _headers_overdue(self) -> None:
-            self._header_deadline = None
-            idle = self.cycle is None or self.cycle.response_complete  # no request is the app's
-            if idle and not self.transport.is_closing():
-                self.transport.close()
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
+        def _idle(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete  # no request is the app's
 
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
@@ -617,10 +609,6 @@ if HttpToolsProtocol is not None:
             # self.cycle is the newest request: unfinished if a pipelined one was just started
             if not self.transport.is_closing() and self.cycle.response_complete:
                 self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
 
 
 def _protocol(http: str) -> type[asyncio.Protocol]:
