@@ -109,9 +109,11 @@ QUICK_TRAIN: dict[str, Any] = {
 #: the seed noise (the shipped search warm start memorised one invented world and scores 0 on the
 #: unseen world quick-search evaluates in; see the README).
 QUICK_SUITES: tuple[str, ...] = ("quick-columns", "quick-columns-routed")
-#: ``bench quick`` trains this many runs at a time (Ray tasks, cores split between them): the tiny
-#: models use two threads poorly, two runs side by side use two cores well. 0: one at a time here.
-QUICK_WORKERS = 2
+#: ``bench quick`` trains this many runs at a time as Ray tasks (cores split between them); 0: one at a
+#: time in this process. Measured on 2 cores (``benchmarks.bench_memory``): in-process 397 s and 1.74 GB
+#: for the whole job, 2 workers 387 s and 3.62 GB (each run takes twice as long on one thread), so the
+#: default stays one process; workers pay off with more cores or a Ray cluster.
+QUICK_WORKERS = 0
 
 #: The column suites' RL: 16 tasks x G=8 per iteration, each rollout batch split into two minibatches
 #: (the second step is off-policy, so the clipped objectives act), lr 1e-4.
