@@ -645,27 +645,23 @@ class Trainer:
         ``token_weights``: table-wide ``[R, T]`` per-token loss weights (token-level TIS) or None."""
         cfg = self.cfg
         pad_id = self.policies.policies[0].pad_id
-        full = mb.collate(
-            pad_id,
-            dtype=self.param_dtype,
-            table=table,
-            advantages=adv.advantages,
-            token_weights=token_weights,
-        )
-        full = full.to(self.device)
+
+        def collate(part: MiniBatch) -> Batch:
+            return part.collate(
+                pad_id,
+                dtype=self.param_dtype,
+                table=table,
+                advantages=adv.advantages,
+                token_weights=token_weights,
+            ).to(self.device)
+
+        full = collate(mb)
         loss_cfg = self._loss_config(loss_denominator(unit, full.response_mask, full.event_index))
         tokens = loss_denominator("tokens", full.response_mask)
         if self.dist.enabled:  # normalisers above span the whole minibatch; this rank computes its shard
             mb = self.scale.shard(mb)
             if mb.num_rows:  # a rank without an event still joins the gradient all-reduce (zeros)
-                full = mb.collate(
-                    pad_id,
-                    dtype=self.param_dtype,
-                    table=table,
-                    advantages=adv.advantages,
-                    token_weights=token_weights,
-                )
-                full = full.to(self.device)
+                full = collate(mb)
         budget = cfg.max_tokens_per_microbatch
         if cfg.prefix_tree:  # events sharing prefixes together, the budget in prefix-tree nodes
             bounds = prefix_micro_batches(mb.rows, mb.event_index, budget)

@@ -46,3 +46,49 @@ def make_row(
         reward=reward,
     )
     return Row(**{**base, **fields})
+
+
+def update_check_config(model: Any, out: Any, **overrides: Any) -> Any:
+    """A ``TrainConfig`` for comparing update paths: one iteration of 2 tasks x G=2 with 8 new tokens,
+    no evaluation or checkpoints, lr 0 (the weights never move, so one trainer can run several
+    updates on the same parameters) and no gradient clipping (the gradients compared are the raw ones)."""
+    from learners.trainer import TrainConfig
+
+    base: dict[str, Any] = dict(
+        model=str(model),
+        out_dir=str(out),
+        iterations=1,
+        tasks_per_iter=2,
+        group_size=2,
+        epochs=1,
+        max_new_tokens=8,
+        eval_every=0,
+        save_every=0,
+        lr=0.0,
+        max_grad_norm=1e9,
+    )
+    return TrainConfig(**{**base, **overrides})
+
+
+def g0_wins(rows: Sequence[Row]) -> None:
+    """Sample g0 of each task wins (reward 1, the others 0, minus any format penalty), so every group
+    has a non-zero advantage whatever the model generated."""
+    for r in rows:
+        r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
+        r.reward = r.outcome_reward - r.penalty
+
+
+def update_inputs(trainer: Any, seed: int = 3) -> tuple[Any, Any, Any, Any, str]:
+    """``(table, advantages, minibatch, loss_fn, unit)`` of a fresh rollout of tasks 0 and 1 (G=2,
+    :func:`g0_wins`), the whole batch as one unshuffled minibatch: the arguments of
+    ``Trainer._minibatch_step``."""
+    from learners.batching import build_event_table, event_minibatches
+    from learners.losses import get_policy_loss
+
+    batch = trainer.collector.collect([0, 1], group_size=2, seed=seed)
+    g0_wins(batch.rows)
+    table = build_event_table(batch.rows)
+    adv = trainer._advantages(table)
+    mb = event_minibatches(table, shuffle=False)[0]
+    loss_fn = get_policy_loss(trainer.algorithm.loss)
+    return table, adv, mb, loss_fn, loss_fn.unit(trainer._loss_config())

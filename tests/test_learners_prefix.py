@@ -17,6 +17,7 @@ from learners.prefix import (
     shared_prefix_logits,
     shared_prefix_logprobs,
 )
+from tests._builders import update_check_config, update_inputs
 
 
 @pytest.fixture(scope="module")
@@ -207,37 +208,19 @@ def test_trainer_prefix_tree_gives_the_per_row_gradient(
     algo: str, extra: dict, tiny_model_dir, tmp_path
 ) -> None:
     """prefix_tree=True (whole minibatch, and >= 3 prefix micro-batches) == the per-row path, float64."""
-    from learners.batching import build_event_table, event_minibatches, prefix_micro_batches
-    from learners.losses import get_policy_loss
-    from learners.trainer import TrainConfig, Trainer
+    from learners.batching import prefix_micro_batches
+    from learners.trainer import Trainer
 
-    cfg = TrainConfig(
+    cfg = update_check_config(
+        tiny_model_dir,
+        tmp_path,
         algo=algo,
-        model=str(tiny_model_dir),
-        out_dir=str(tmp_path),
-        iterations=1,
-        tasks_per_iter=2,
-        group_size=2,
-        epochs=1,
-        max_new_tokens=8,
-        eval_every=0,
-        save_every=0,
-        lr=0.0,
-        max_grad_norm=1e9,
         dtype="float64",
         pack_len=16,  # small: several packed sequences and runs cut inside shared prefixes
         **extra,
     )
     trainer = Trainer(cfg, log=None)
-    batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
-    for r in batch.rows:  # sample g0 of each task wins, so every group has a non-zero advantage
-        r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
-        r.reward = r.outcome_reward - r.penalty
-    table = build_event_table(batch.rows)
-    adv = trainer._advantages(table)
-    mb = event_minibatches(table, shuffle=False)[0]
-    loss_fn = get_policy_loss(trainer.algorithm.loss)
-    unit = loss_fn.unit(trainer._loss_config())
+    table, adv, mb, loss_fn, unit = update_inputs(trainer)
 
     def grads() -> torch.Tensor:
         return torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None])

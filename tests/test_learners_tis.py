@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from learners.batching import build_event_table, event_minibatches, micro_batch_bounds
+from learners.batching import micro_batch_bounds
 from learners.losses import LossConfig, get_policy_loss, grpo_loss, gspo_loss
 from learners.scale import ScaleOut
 from learners.trainer import TrainConfig, Trainer
+from tests._builders import g0_wins, update_check_config, update_inputs
 
 
 def _ppo_term(rho: float, adv: float, eps: float = 0.2) -> float:
@@ -173,12 +174,7 @@ def test_capped_fraction_counts_a_cap_that_exp_log_rounds_below(learner_and_batc
 
 
 def _trainer(model: Path, out: Path, **kw) -> Trainer:
-    base = dict(
-        model=str(model), out_dir=str(out), iterations=1, tasks_per_iter=2, group_size=2, epochs=1,
-        max_new_tokens=8, eval_every=0, save_every=0, lr=0.0, max_grad_norm=1e9, dtype="float64",
-    )  # fmt: skip
-    base.update(kw)
-    return Trainer(TrainConfig(**base), log=None)
+    return Trainer(update_check_config(model, out, **{"dtype": "float64", **kw}), log=None)
 
 
 def _grads(trainer: Trainer) -> torch.Tensor:
@@ -191,15 +187,7 @@ def test_token_weights_reach_the_loss_and_accumulate_over_micro_batches(
     """Table-wide [R, T] weights -> MiniBatch.collate -> Batch.take -> LossConfig (the path is the same
     for every loss that takes token weights; GSPO's weighting is checked by hand above)."""
     trainer = _trainer(tiny_model_dir, tmp_path, algo="grpo")
-    batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
-    for r in batch.rows:  # sample g0 of each task wins: every group has a non-zero advantage
-        r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
-        r.reward = r.outcome_reward - r.penalty
-    table = build_event_table(batch.rows)
-    adv = trainer._advantages(table)
-    mb = event_minibatches(table, shuffle=False)[0]
-    loss_fn = get_policy_loss(trainer.algorithm.loss)
-    unit = loss_fn.unit(trainer._loss_config())
+    table, adv, mb, loss_fn, unit = update_inputs(trainer)
     width = max(len(r.response_ids) for r in table.rows)
     g = torch.Generator().manual_seed(0)
     weights = 0.5 + 1.5 * torch.rand(table.num_rows, width, generator=g, dtype=torch.float64)
@@ -232,9 +220,7 @@ def test_update_with_token_tis_and_learner_behaviour_equals_no_tis(
     (lr = 0: one trainer, the same parameters for the three updates.)"""
     trainer = _trainer(tiny_model_dir, tmp_path, algo="grpo", tis="token")
     batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
-    for r in batch.rows:
-        r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
-        r.reward = r.outcome_reward - r.penalty
+    g0_wins(batch.rows)
     # the rollout engine more (even tokens) or less (odd tokens) confident than the learner
     shifted = [
         dataclasses.replace(

@@ -8,27 +8,10 @@ import pytest
 import torch
 
 from learners.batching import build_event_table, event_minibatches, micro_batch_bounds
-from learners.losses import get_policy_loss
-from learners.trainer import TrainConfig, Trainer
-from tests._builders import make_row
+from learners.trainer import Trainer
+from tests._builders import g0_wins, make_row, update_check_config, update_inputs
 
-
-def _cfg(model: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(
-        model=str(model),
-        out_dir=str(out),
-        iterations=1,
-        tasks_per_iter=2,
-        group_size=2,
-        epochs=1,
-        max_new_tokens=8,
-        eval_every=0,
-        save_every=0,
-        lr=0.0,
-        max_grad_norm=1e9,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+_cfg = update_check_config
 
 
 def _grads(trainer: Trainer) -> torch.Tensor:
@@ -53,15 +36,7 @@ def test_micro_batches_accumulate_to_the_big_batch_gradient(
     each, the loss scaled by the whole minibatch's normaliser) give the same gradient."""
     trainer = Trainer(_cfg(tiny_model_dir, tmp_path, algo=algo, dtype="float64", **extra), log=None)
     assert all(p.dtype == torch.float64 for p in trainer.params)
-    batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
-    for r in batch.rows:  # sample g0 of each task wins, so every group has a non-zero advantage
-        r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
-        r.reward = r.outcome_reward - r.penalty
-    table = build_event_table(batch.rows)
-    adv = trainer._advantages(table)
-    mb = event_minibatches(table, shuffle=False)[0]
-    loss_fn = get_policy_loss(trainer.algorithm.loss)
-    unit = loss_fn.unit(trainer._loss_config())
+    table, adv, mb, loss_fn, unit = update_inputs(trainer)
 
     trainer.cfg.max_tokens_per_microbatch = None
     big = trainer._minibatch_step(mb, table, adv, loss_fn, unit)
@@ -121,9 +96,7 @@ def test_critic_sees_the_question_of_a_long_search_state(tiny_model_dir: Path) -
 def test_bfloat16_autocast_keeps_float32_master_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
     trainer = Trainer(_cfg(tiny_model_dir, tmp_path, dtype="bfloat16", lr=1e-3), log=None)
     batch = trainer.collector.collect([0], group_size=2, seed=1)
-    for r in batch.rows:
-        r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
-        r.reward = r.outcome_reward - r.penalty
+    g0_wins(batch.rows)
     before = [p.detach().clone() for p in trainer.params]
     stats = trainer._update(batch, iteration=1)
     assert all(p.dtype == torch.float32 for p in trainer.params)
@@ -170,9 +143,7 @@ def test_a_policy_loss_registered_outside_the_package_trains(tiny_model_dir: Pat
     try:
         trainer = Trainer(_cfg(tiny_model_dir, tmp_path / "a", algo="test-reinforce", lr=5e-3), log=None)
         batch = trainer.collector.collect([0, 1], group_size=2, seed=5)
-        for r in batch.rows:
-            r.outcome_reward = 1.0 if r.episode_id.endswith("-g0") else 0.0
-            r.reward = r.outcome_reward - r.penalty
+        g0_wins(batch.rows)
         policy = trainer.policies["proposer"]
         prompts, responses = [r.prompt_ids for r in batch.rows], [r.response_ids for r in batch.rows]
         before = policy.compute_logprobs(prompts, responses)
