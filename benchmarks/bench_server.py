@@ -4,8 +4,9 @@ Starts the server as a separate process on loopback (so client threads and the s
 a GIL), fires ``--requests`` POST /retrieve calls from ``--clients`` threads, and prints p50/p90/p99
 latency, req/s and q/s, the error count, and the server's CPU time per request for each variant:
 
-* ``after``  - the server as shipped: one search thread drains concurrent requests into one
-  backend call (``create_app(batching=True)``);
+* ``after``  - the server as shipped (``serve-retriever``): one search thread drains concurrent
+  requests into one backend call (``create_app(batching=True)``); one row per ``--workers`` count
+  (``after x2`` = two server processes on one port, each with its own JVM and search thread);
 * ``before`` - the old path: each request its own backend call on a pool of ``--max-concurrency``
   threads (``batching=False``; BM25 now serialises those calls on its JVM lock, as a plain lock would);
 * ``before-src`` - optional, ``--before-src DIR``: the ``serve-retriever`` of another checkout
@@ -25,13 +26,16 @@ How it keeps the comparison fair, because client, server and Lucene share the ma
 * **Both sides warm.** The JVM compiles Lucene's hot paths during the first several thousand
   searches (its compiler thread took ~1.5 s of CPU in a cold server's first 5 s under load), and a
   retrieval server runs for hours, so the direct baseline and every server are first run on
-  ``--warmup`` queries, one per call / request, before anything is timed.
+  ``--warmup`` queries, one per call / request, before anything is timed. With several workers
+  each JVM gets only its share of them: at 10,000 two workers still spent ~2x the CPU per request
+  of one, at 30,000 the same.
 * **Like with like.** The same queries, ``topk`` and ``return_scores``; the ratio is the server's
   q/s at ``--queries-per-request`` (default 1) over the direct q/s at one query per call.
 * The 1-minute load average is printed before and after each row: other work on the machine
   lowers every number, so compare rows measured at a similar load.
 
     python -m benchmarks.bench_server                      # 5,000 requests, 16 clients, BM25, bundled corpus
+    python -m benchmarks.bench_server --modes after --workers 1,2,3 --requests 10000
     python -m benchmarks.bench_server --modes after --url http://host:8000  # against a server you started
     git archive HEAD~1 | (mkdir -p /tmp/old && tar -x -C /tmp/old)
     python -m benchmarks.bench_server --before-src /tmp/old
@@ -57,6 +61,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import orjson
+import psutil
 
 
 def free_port() -> int:
@@ -74,31 +79,32 @@ def running_server(
     ready_timeout: float = 600.0,
     *,
     batching: bool = True,
+    workers: int = 1,
     src: str | None = None,
-) -> Iterator[str]:
-    """Start a server in a child process, yield its base URL once /health answers, stop it.
+) -> Iterator[tuple[str, int]]:
+    """Start a server in a child process, yield ``(base URL, pid)`` once /health answers, stop it.
 
+    With ``batching`` it is the shipped ``serve-retriever`` command (``--workers``: that many
+    server processes under one supervisor); without, this module's ``--serve --no-batching``.
     ``src``: run ``serve-retriever`` from that source tree (put first on ``PYTHONPATH``) instead
-    of this one; ``batching`` then does not apply (that tree's server does what it does).
+    of this one; ``batching`` and ``workers`` then do not apply (that tree's server does what it does).
     """
     port = free_port()
     env = dict(os.environ)
-    if src is not None:
+    if src is not None or batching:
         cmd = [sys.executable, "-m", "srpo_envs.cli", "serve-retriever", "--backend", backend]
         cmd += ["--port", str(port), "--max-concurrency", str(max_concurrency), "--log-level", "warning"]
-        if cache_dir:
-            cmd += ["--cache-dir", cache_dir]
-        if corpus:
-            cmd += ["--corpus", corpus]
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), env.get("PYTHONPATH", "")])
+        if src is None:
+            cmd += ["--workers", str(workers), "--max-pending", str(max(256, max_concurrency))]
+        else:
+            env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), env.get("PYTHONPATH", "")])
     else:
         cmd = [sys.executable, "-m", "benchmarks.bench_server", "--serve", "--backend", backend]
         cmd += ["--port", str(port), "--max-concurrency", str(max_concurrency)]
-        cmd += ["--batching" if batching else "--no-batching"]
-        if cache_dir:
-            cmd += ["--cache-dir", cache_dir]
-        if corpus:
-            cmd += ["--corpus", corpus]
+    if cache_dir:
+        cmd += ["--cache-dir", cache_dir]
+    if corpus:
+        cmd += ["--corpus", corpus]
     log = tempfile.NamedTemporaryFile(prefix="srpo-server-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=src)
     url = f"http://127.0.0.1:{port}"
@@ -115,7 +121,14 @@ def running_server(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not ready after {ready_timeout:.0f}s")
             time.sleep(0.2)
-        yield url
+        pids: set[int] = set()
+        while workers > 1 and src is None and len(pids) < workers:  # /health answers once ONE is up
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(pids)} of {workers} workers answered")
+            with contextlib.suppress(httpx.HTTPError):  # a new connection each time: any worker may take it
+                pids.add(httpx.get(f"{url}/health", timeout=1.0).json()["pid"])
+            time.sleep(0.05)
+        yield url, proc.pid
     finally:
         proc.terminate()
         try:
@@ -134,8 +147,20 @@ def _make_backend(backend: str, corpus: str | None, cache_dir: str | None) -> An
     return make_retriever(backend, corpus or bundled_corpus_path(cache_dir), cache_dir=cache_dir)
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live children: a server and its workers."""
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
 def _serve(args: argparse.Namespace) -> int:
-    """The child process of :func:`running_server`: this tree's server with or without batching."""
+    """The child process of :func:`running_server` for the unbatched ``before`` row."""
     from srpo_envs.retrievers.server import serve
 
     retriever = _make_backend(args.backend, args.corpus, args.cache_dir)
@@ -147,7 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_concurrency=args.max_concurrency,
             max_pending=max(256, args.max_concurrency),
             log_level="warning",
-            batching=args.batching,
+            batching=False,
         )
     finally:
         retriever.close()
@@ -314,17 +339,21 @@ def main() -> int:
     ap.add_argument(
         "--warmup",
         type=int,
-        default=10_000,
+        default=30_000,
         help="untimed queries first, for the direct baseline and each server (JVM JIT; see above)",
     )
     ap.add_argument(
         "--modes", default="before,after", help="comma list of server variants: before, after, before-src"
     )
+    ap.add_argument(
+        "--workers",
+        default="1,2",
+        help="comma list: an 'after' row per serve-retriever --workers count (server processes)",
+    )
     ap.add_argument("--before-src", help="source tree of the code before the fix (adds a before-src row)")
     ap.add_argument("--no-direct", action="store_true", help="skip the in-process direct-backend baseline")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # child-process mode
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         return _serve(args)
@@ -335,6 +364,12 @@ def main() -> int:
     unknown = set(modes) - {"before", "after", "before-src"}
     if unknown or ("before-src" in modes and not args.before_src):
         ap.error(f"bad --modes {args.modes!r} (before-src needs --before-src DIR)")
+    try:
+        workers = [int(w) for w in args.workers.split(",") if w]
+    except ValueError:
+        workers = []
+    if not workers or min(workers) < 1:
+        ap.error(f"bad --workers {args.workers!r} (comma list of counts >= 1)")
     queries = sample_queries()
     print(
         f"{args.clients} clients, topk={args.topk}, {args.queries_per_request} query/request, "
@@ -361,9 +396,13 @@ def main() -> int:
             f"| load average {load0} -> {_loadavg()}"
         )
     failed = False
-    for mode in modes:
+    rows = [(m, 1) for m in modes if m != "after"] + [("after", w) for w in workers if "after" in modes]
+    for mode, n_workers in rows:
+        label = mode if n_workers == 1 else f"{mode} x{n_workers}"
         if args.url:
-            ctx: contextlib.AbstractContextManager[str] = contextlib.nullcontext(args.url)
+            ctx: contextlib.AbstractContextManager[tuple[str, int | None]] = contextlib.nullcontext(
+                (args.url, None)
+            )
         else:
             ctx = running_server(
                 args.backend,
@@ -371,15 +410,17 @@ def main() -> int:
                 args.corpus,
                 args.max_concurrency,
                 batching=mode == "after",
+                workers=n_workers,
                 src=args.before_src if mode == "before-src" else None,
             )
         t_start = time.perf_counter()
-        with ctx as url:
+        with ctx as (url, pid):
             ready = time.perf_counter() - t_start
             warm = max(50, args.warmup // args.queries_per_request)
             load_test(url, queries, warm, args.clients, args.topk, args.queries_per_request, args.max_seconds)
             health0 = httpx.get(f"{url}/health", timeout=10.0).json()
-            cpu0 = health0.get("cpu_s")
+            # the whole server process tree (supervisor + workers) where we started it, else /health's
+            cpu0 = tree_cpu_s(pid) if pid is not None else health0.get("cpu_s")
             load0 = _loadavg()
             r = load_test(
                 url,
@@ -390,7 +431,10 @@ def main() -> int:
                 args.queries_per_request,
                 args.max_seconds,
             )
+            cpu1 = tree_cpu_s(pid) if pid is not None else None
             health = httpx.get(f"{url}/health", timeout=10.0).json()
+            if cpu1 is None:
+                cpu1 = health.get("cpu_s")
         ratio = ""
         if direct:
             ratio = (
@@ -398,17 +442,17 @@ def main() -> int:
                 f"{r['queries_per_s'] / direct['batched']:.2f}x direct batched"
             )
         print(
-            f"{mode:>10}: p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms  max {r['max_ms']:6.1f} ms | "
+            f"{label:>10}: p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms  max {r['max_ms']:6.1f} ms | "
             f"{r['req_per_s']:5.0f} req/s {r['queries_per_s']:5.0f} q/s | {r['requests_ok']} ok "
             f"{r['errors']} errors {r['not_sent']} not sent | ready in {ready:.1f}s{ratio}"
         )
         notes = [f"load average {load0} -> {_loadavg()}"]
-        if cpu0 is not None and r["requests_ok"]:
-            cpu = health["cpu_s"] - cpu0
+        if cpu0 is not None and cpu1 is not None and r["requests_ok"]:
+            cpu = cpu1 - cpu0
             ms = cpu * 1e3 / r["requests_ok"]
             notes.append(f"server CPU {ms:.2f} ms/request, {cpu / r['wall_s']:.2f} cores busy")
         notes.append(f"client CPU {r['client_cpu_ms_per_request']:.2f} ms/request")
-        if health.get("batches"):
+        if health.get("batches") and n_workers == 1:  # per-process counters: one worker's with several
             per_call = (health["served"] - health0["served"]) / max(1, health["batches"] - health0["batches"])
             largest = health["largest_batch"]
             notes.append(f"{per_call:.1f} requests per backend call (largest {largest}, warm-up included)")

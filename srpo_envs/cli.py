@@ -7,11 +7,17 @@ directory that ``--index DIR`` (envs, ``srpo bench eval``, ``serve-retriever``) 
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from srpo_envs.retrievers import Retriever
 
 app = typer.Typer(help="srpo environments: task data and retrieval services.", no_args_is_help=True)
 
@@ -54,46 +60,61 @@ def serve_retriever(
     ),
     max_pending: int = typer.Option(256, min=1, help="Requests admitted before answering 503 busy."),
     max_queries: int = typer.Option(256, min=1, help="Most queries in one request."),
-    threads: int | None = typer.Option(None, min=1, help="BM25 only: Lucene search threads per batch."),
+    threads: int | None = typer.Option(
+        None,
+        min=1,
+        help="BM25 only: Lucene search threads per batch, per worker (default: CPUs / workers, <= 8).",
+    ),
+    workers: int = typer.Option(
+        1,
+        min=1,
+        help="Server processes on one port, each with its own retriever (JVM) and search thread. "
+        "More than 1 spreads HTTP work and searches over cores (about 1 per 2 cores); memory grows per worker.",
+    ),
     log_level: str = typer.Option("info", help="uvicorn log level."),
     idle_timeout: float = typer.Option(
         5.0, min=0.001, help="Seconds before an idle connection (no request yet, headers unfinished) closes."
     ),
 ) -> None:
     """Serve POST /retrieve {"queries", "topk", "return_scores"} and GET /health (Search-R1 format)."""
-    from srpo_envs.retrievers import ServerLimits, make_retriever
+    from srpo_envs.retrievers import ServerLimits
     from srpo_envs.retrievers.server import serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if max_pending < max_concurrency:
         raise typer.BadParameter("--max-pending must be >= --max-concurrency")
-    kwargs: dict[str, object] = {"cache_dir": cache_dir}
-    if backend is Backend.dense:
-        kwargs["model"] = model
-    elif threads is not None:
-        kwargs["threads"] = threads
     if model is not None and backend is not Backend.dense:
         raise typer.BadParameter("--model only applies to --backend dense")
-    if index is not None:
-        from srpo_envs.index_build import open_index
-
-        try:
-            retriever = open_index(index, corpus)
-        except (FileNotFoundError, ValueError) as exc:
-            raise typer.BadParameter(str(exc), param_hint="--index") from None
-    else:
-        from srpo_envs.tasks.search_data import bundled_corpus_path
-
-        retriever = make_retriever(backend.value, corpus or bundled_corpus_path(cache_dir), **kwargs)
-    typer.echo(
-        f"{backend.value}: {retriever.num_passages} passages; serving on http://{host}:{port}/retrieve",
-        err=True,
+    if backend is Backend.bm25 and threads is None and workers > 1:
+        threads = max(1, min(8, (os.cpu_count() or 1) // workers))
+    factory = functools.partial(
+        build_retriever,
+        backend.value,
+        corpus,
+        index=index,
+        cache_dir=cache_dir,
+        model=model,
+        threads=threads if backend is Backend.bm25 else None,
     )
     try:
+        retriever = factory()  # with workers: builds the index once, up front, and checks the arguments
+    except (FileNotFoundError, ValueError) as exc:
+        raise typer.BadParameter(
+            str(exc), param_hint="--index" if index is not None else "--corpus"
+        ) from None
+    typer.echo(
+        f"{backend.value}: {retriever.num_passages} passages; serving on http://{host}:{port}/retrieve"
+        + (f" with {workers} worker processes" if workers > 1 else ""),
+        err=True,
+    )
+    if workers > 1:
+        retriever.close()
+    try:
         serve(
-            retriever,
+            retriever if workers == 1 else factory,
             host,
             port,
+            workers=workers,
             max_concurrency=max_concurrency,
             max_pending=max_pending,
             limits=ServerLimits(max_queries=max_queries),
@@ -101,7 +122,33 @@ def serve_retriever(
             idle_timeout_s=idle_timeout,
         )
     finally:
-        retriever.close()
+        if workers == 1:
+            retriever.close()
+
+
+def build_retriever(
+    backend: str,
+    corpus: Path | None,
+    *,
+    index: Path | None = None,
+    cache_dir: Path | None = None,
+    model: str | None = None,
+    threads: int | None = None,
+) -> Retriever:
+    """The retriever ``serve-retriever`` serves (module-level, so a worker process can rebuild it)."""
+    if index is not None:
+        from srpo_envs.index_build import open_index
+
+        return open_index(index, corpus, threads=threads)
+    from srpo_envs.retrievers import make_retriever
+    from srpo_envs.tasks.search_data import bundled_corpus_path
+
+    kwargs: dict[str, object] = {"cache_dir": cache_dir}
+    if backend == Backend.dense:
+        kwargs["model"] = model
+    elif threads is not None:
+        kwargs["threads"] = threads
+    return make_retriever(backend, corpus or bundled_corpus_path(cache_dir), **kwargs)
 
 
 @index_app.command("build")

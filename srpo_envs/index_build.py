@@ -323,12 +323,18 @@ _OPEN: dict[str, Retriever] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def open_index(index_dir: str | os.PathLike[str], corpus: str | os.PathLike[str] | None = None) -> Retriever:
+def open_index(
+    index_dir: str | os.PathLike[str],
+    corpus: str | os.PathLike[str] | None = None,
+    *,
+    threads: int | None = None,
+) -> Retriever:
     """A retriever over a built index directory (shared per process, like the env's own retrievers).
 
     ``corpus`` overrides the corpus path recorded at build time (e.g. after moving the files). The
     corpus must be the one indexed: a retriever that finds no matching index would build a new one,
-    so that case is refused instead of silently re-indexing.
+    so that case is refused instead of silently re-indexing. ``threads``: BM25's search threads
+    per batch (its default when None; ignored by a dense index).
     """
     root = Path(index_dir).expanduser().resolve()
     manifest = read_manifest(root)
@@ -337,7 +343,7 @@ def open_index(index_dir: str | os.PathLike[str], corpus: str | os.PathLike[str]
         raise FileNotFoundError(
             f"index {root} was built from {manifest['corpus']}, which is gone; pass the corpus file again"
         )
-    key = f"{root}|{src.resolve()}"
+    key = f"{root}|{src.resolve()}|{threads}"
     with _OPEN_LOCK:
         if key in _OPEN:
             return _OPEN[key]
@@ -351,7 +357,7 @@ def open_index(index_dir: str | os.PathLike[str], corpus: str | os.PathLike[str]
         if manifest["backend"] == "bm25":
             from srpo_envs.retrievers.bm25 import BM25Retriever
 
-            retriever: Retriever = BM25Retriever(passages, cache_dir=root)
+            retriever: Retriever = BM25Retriever(passages, cache_dir=root, threads=threads)
             built = retriever.index_built  # type: ignore[attr-defined]
         else:
             from srpo_envs.retrievers.dense import DenseRetriever

@@ -184,6 +184,9 @@ def test_cli_serve_retriever_builds_backend_and_serves(monkeypatch, tmp_path):
     seen = {}
 
     def fake_serve(retriever, host, port, **kw):
+        if kw["workers"] > 1:  # a picklable factory, which each worker process calls
+            __import__("pickle").dumps(retriever)
+            retriever = retriever()
         seen.update(backend=retriever.name, n=retriever.num_passages, host=host, port=port, **kw)
 
     built = {}
@@ -202,6 +205,12 @@ def test_cli_serve_retriever_builds_backend_and_serves(monkeypatch, tmp_path):
     assert res.exit_code == 0, res.output
     assert built["backend"] == "bm25" and str(built["corpus"]) == str(corpus)
     assert seen["port"] == 9123 and seen["host"] == "127.0.0.1" and seen["limits"].max_queries == 7
+    assert seen["workers"] == 1 and seen["backend"] == "overlap"
+    # several workers: the CLI builds once up front (index, errors), then hands each worker a factory
+    built.clear()
+    res = runner.invoke(cli.app, ["serve-retriever", "--corpus", str(corpus), "--workers", "2"])
+    assert res.exit_code == 0, res.output
+    assert seen["workers"] == 2 and built["threads"] >= 1  # BM25 threads default to CPUs / workers
     assert runner.invoke(cli.app, ["serve-retriever", "--backend", "tfidf"]).exit_code != 0
     assert runner.invoke(cli.app, ["serve-retriever", "--model", "x"]).exit_code != 0
     assert "serve-retriever" in runner.invoke(cli.app, ["--help"]).output
@@ -587,3 +596,133 @@ def test_bm25_server_32_clients_mixed_requests_match_sequential(kb_bm25):
     ]
     wrong = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
     assert wrong == []
+
+
+@pytest.mark.search
+@pytest.mark.slow
+def test_bm25_one_thread_searches_a_batch_like_batch_search(kb_bm25, tmp_path):
+    """``threads=1`` loops plain ``search`` (no Java thread pool per call): same answers as ``batch_search``."""
+    from srpo_envs.retrievers import BM25Retriever
+
+    bm25, questions = kb_bm25
+    one = BM25Retriever(bm25.passages, cache_dir=bm25.index_dir.parent.parent, threads=1)
+    try:
+        assert not one.index_built  # threads are not part of the index key
+        for body in _mixed_requests(questions, 60, seed=3):
+            many = [_key(h) for h in bm25.search(body["queries"], body["topk"])]
+            assert [_key(h) for h in one.search(body["queries"], body["topk"])] == many
+    finally:
+        one.close()
+
+
+# ---------------------------------------------------------------- several worker processes
+
+
+def test_serve_with_workers_needs_a_picklable_factory(backend):
+    from srpo_envs.retrievers.server import serve
+
+    with pytest.raises(TypeError, match="factory"):
+        serve(backend, workers=2)
+    with pytest.raises(TypeError, match="picklable"):
+        serve(lambda: backend, workers=2)
+    with pytest.raises(ValueError, match="workers"):
+        serve(backend, workers=0)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_connections_on_a_handed_over_socket_have_nagle_off(backend, loop):
+    """A listening socket handed to uvicorn (as its multiprocess supervisor does) reads ``proto`` 0, and
+    asyncio then leaves Nagle on: every small response waited ~40 ms for the client's delayed ACK."""
+    import http.client
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from srpo_envs.retrievers.server import _uvicorn_config
+
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    config = _uvicorn_config(create_app(backend), "127.0.0.1", 0, "warning", 5.0, loop=loop)
+    sock = config.bind_socket()
+    assert sock.proto == 0  # how uvicorn binds it for its workers
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.01)
+        conn = http.client.HTTPConnection("127.0.0.1", sock.getsockname()[1], timeout=10)
+        conn.request("GET", "/health")
+        assert conn.getresponse().read()
+        (protocol,) = server.server_state.connections
+        accepted = protocol.transport.get_extra_info("socket")
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        conn.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.mark.search
+@pytest.mark.slow
+def test_bm25_server_with_two_workers_answers_like_sequential(kb_bm25, tmp_path):
+    """``serve-retriever --workers 2``: two processes (each its own JVM) on one port, 32 clients, 0 wrong."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    bm25, questions = kb_bm25
+    corpus = write_corpus_jsonl(bm25.passages, tmp_path / "kb.jsonl")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "srpo_envs.cli",
+        "serve-retriever",
+        "--corpus",
+        str(corpus),
+        "--port",
+        str(port),
+    ]
+    cmd += ["--cache-dir", str(bm25.index_dir.parent.parent), "--workers", "2", "--max-concurrency", "16"]
+    log = open(tmp_path / "server.log", "w+")  # noqa: SIM115
+    proc = subprocess.Popen(
+        cmd + ["--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        pids: set[int] = set()
+        deadline = time.monotonic() + 120
+        while len(pids) < 2:  # a fresh connection per probe, so either worker may take it
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, f"workers answering: {pids}"
+            try:
+                pids.add(httpx.get(f"{url}/health", timeout=2.0).json()["pid"])
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert proc.pid not in pids and all(p != os.getpid() for p in pids)
+        bodies = _mixed_requests(questions, 600, seed=4)
+        expected = [[_key(h) for h in bm25.search(b["queries"], b["topk"])] for b in bodies]
+        answers = _fire(url, bodies, 32)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+    assert [status for status, _ in answers if status != 200] == []
+    got = [
+        [[(it["document"]["id"], round(it["score"], 4)) for it in items] for items in body["result"]]
+        for _, body in answers
+    ]
+    assert [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e] == []

@@ -8,8 +8,10 @@ own pyserini server.
 
 Searching calls Anserini's ``io.anserini.search.SimpleSearcher`` (the Java class behind pyserini's
 ``LuceneSearcher``, from the jar pyserini ships): ``batch_search`` with a thread count for
-batches, plain ``search`` for a single query (``batch_search`` spins up a Java thread pool per
-call). We call the Java class directly rather than through ``pyserini.search.lucene`` because
+batches, plain ``search`` for a single query - and for every query of a batch when ``threads`` is 1:
+``batch_search`` spins up a Java thread pool per call, which with one thread only costs CPU
+(~0.38 vs ~0.32 ms per warm query on 2 cores). That is the setting for a server that gets its
+parallelism from several worker processes instead (``serve-retriever --workers``). We call the Java class directly rather than through ``pyserini.search.lucene`` because
 importing that Python module also imports torch, transformers, scikit-learn and an OpenAI client
 - 7-10 s per process (every server start, every env worker) for a wrapper of a few lines; the
 results are identical (checked by a test).
@@ -122,7 +124,8 @@ class BM25Retriever(CorpusRetriever):
     """Lucene BM25 (pyserini) over a corpus JSONL path or a list of passages.
 
     ``k1``/``b`` default to Anserini's (0.9, 0.4), as in Search-R1's BM25 setup. ``threads`` is the
-    Java thread count for ``batch_search`` (default: CPU count, at most 8). ``index_built`` tells
+    Java thread count for ``batch_search`` (default: CPU count, at most 8; 1 searches a batch's
+    queries one after another, without a Java thread pool). ``index_built`` tells
     whether this construction had to build the index (False when it came from the cache).
 
     Safe to call from several threads (calls are serialised on ``JVM_LOCK``), but each Python
@@ -183,8 +186,8 @@ class BM25Retriever(CorpusRetriever):
         searcher = self._searcher
         if searcher is None:  # closed by another thread since search() checked
             raise RuntimeError("BM25Retriever is closed")
-        if len(live) == 1:
-            return [[(h.docid, float(h.score)) for h in searcher.search(live[0], k)]]
+        if len(live) == 1 or self.threads == 1:
+            return [[(h.docid, float(h.score)) for h in searcher.search(q, k)] for q in live]
         jqueries, jqids = self._array_list(), self._array_list()
         for i, q in enumerate(live):
             jqueries.add(q)

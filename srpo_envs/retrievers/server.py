@@ -23,6 +23,11 @@ Hardening, because a policy under RL emits arbitrary strings and a trainer fires
   pyjnius is not thread-safe, and overlapping calls from a thread pool returned other requests'
   documents and JVM errors. Once ``max_pending`` requests are admitted further ones get 503 +
   ``Retry-After`` instead of piling up;
+* ``serve(..., workers=N)`` (``serve-retriever --workers N``) runs N such servers as processes on
+  one listening socket under uvicorn's multiprocess supervisor (a worker that dies is replaced).
+  Each builds its own retriever - its own JVM and search thread - so the processes search in
+  parallel without sharing a JVM, and the HTTP work is spread over cores instead of contending
+  for one Python GIL. The OS spreads new connections over the workers;
 * connections that sit idle - between requests, and also a new connection that never completes
   its request headers - are closed after ``idle_timeout_s`` (uvicorn alone only times out the
   gap *after* a response, so a silent or trickling client could hold a socket forever);
@@ -45,9 +50,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import os
+import pickle
 import queue
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -404,6 +413,7 @@ def create_app(
     max_pending: int = 256,
     limits: ServerLimits | None = None,
     batching: bool = True,
+    close_retriever: bool = False,
 ) -> FastAPI:
     """Build the FastAPI app.
 
@@ -414,6 +424,9 @@ def create_app(
     ``batching=False`` is the old path, kept to measure against (``benchmarks/bench_server.py``)
     and for backends that are thread-safe without a lock: each request is its own backend call on
     a pool of ``max_concurrency`` threads. BM25 then serialises those calls on its JVM lock.
+
+    ``close_retriever``: close the retriever when the app shuts down (the app owns it, as a
+    worker process of :func:`serve` does).
     """
     if max_concurrency < 1 or max_pending < max_concurrency:
         raise ValueError("need max_concurrency >= 1 and max_pending >= max_concurrency")
@@ -434,6 +447,8 @@ def create_app(
             await asyncio.to_thread(batcher.close)
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
+        if close_retriever:
+            await asyncio.to_thread(retriever.close)
 
     app = _RetrieverApp(title="srpo retriever", description=__doc__, lifespan=lifespan)
     state: dict[str, Any] = {"pending": 0, "served": 0, "failed": 0, "started": time.time()}
@@ -456,6 +471,7 @@ def create_app(
             "failed": state["failed"],
             "uptime_s": round(time.time() - state["started"], 1),
             "cpu_s": round(time.process_time(), 3),  # this process, all threads (Java's too)
+            "pid": os.getpid(),  # which worker answered, with serve(workers=N)
             "limits": asdict(lim),
         }
         if batcher is not None:
@@ -533,6 +549,19 @@ def create_app(
     return app
 
 
+def _no_delay(transport: asyncio.Transport) -> None:
+    """Turn Nagle's algorithm off on a TCP connection, whoever made the listening socket.
+
+    asyncio does it only for sockets whose ``proto`` reads ``IPPROTO_TCP``; a listening socket that
+    uvicorn's supervisor hands to its worker processes reads ``proto`` 0, so without this every
+    small response waited for the client's delayed ACK (~40 ms a request with ``workers`` > 1).
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 class _HeaderDeadline:
     """A deadline for a request's headers to arrive, mixed into uvicorn's HTTP protocols.
 
@@ -568,6 +597,7 @@ class _HeaderDeadline:
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
+        _no_delay(transport)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -626,7 +656,13 @@ def _protocol(http: str) -> type[asyncio.Protocol]:
 
 
 def _uvicorn_config(
-    app: FastAPI, host: str, port: int, log_level: str, idle_timeout_s: float, http: str = "auto"
+    app: Any,
+    host: str,
+    port: int,
+    log_level: str,
+    idle_timeout_s: float,
+    http: str = "auto",
+    **extra: Any,
 ) -> Any:
     import uvicorn
 
@@ -640,6 +676,7 @@ def _uvicorn_config(
         lifespan="on",
         http=_protocol(http),  # loop="auto": uvloop when installed
         timeout_keep_alive=idle_timeout_s,  # type: ignore[arg-type]  # uvicorn types it int, uses a float
+        **extra,
     )
 
 
@@ -694,10 +731,11 @@ class BackgroundServer:
 
 
 def serve(
-    retriever: Retriever,
+    retriever: Retriever | Callable[[], Retriever],
     host: str = "127.0.0.1",
     port: int = 8000,
     *,
+    workers: int = 1,
     max_concurrency: int = 4,
     max_pending: int = 256,
     limits: ServerLimits | None = None,
@@ -705,10 +743,51 @@ def serve(
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     batching: bool = True,
 ) -> None:
-    """Serve ``retriever`` in the foreground until interrupted (what ``serve-retriever`` runs)."""
+    """Serve in the foreground until interrupted (what ``serve-retriever`` runs).
+
+    ``retriever``: a built retriever, or a zero-argument factory for one. ``workers`` > 1 runs that
+    many server processes on one socket (see the module docstring); each calls the factory, which
+    must then be picklable (a module-level function, or a ``functools.partial`` of one), because
+    the workers are started with ``spawn`` - a forked JVM is not usable. The ``max_*`` limits apply
+    per worker. A retriever this function built from a factory is closed when it returns.
+    """
     import uvicorn
 
-    app = create_app(
-        retriever, max_concurrency=max_concurrency, max_pending=max_pending, limits=limits, batching=batching
-    )
-    uvicorn.Server(_uvicorn_config(app, host, port, log_level, idle_timeout_s)).run()
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    app_kwargs: dict[str, Any] = {
+        "max_concurrency": max_concurrency,
+        "max_pending": max_pending,
+        "limits": limits,
+        "batching": batching,
+    }
+    if workers == 1:
+        owned = not isinstance(retriever, Retriever)
+        built = retriever() if not isinstance(retriever, Retriever) else retriever
+        try:
+            app = create_app(built, **app_kwargs)
+            uvicorn.Server(_uvicorn_config(app, host, port, log_level, idle_timeout_s)).run()
+        finally:
+            if owned:
+                built.close()
+        return
+    if isinstance(retriever, Retriever):
+        raise TypeError("workers > 1 needs a retriever factory (each worker process builds its own)")
+    factory = functools.partial(_worker_app, retriever, app_kwargs)
+    try:
+        pickle.dumps(factory)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing here
+        raise TypeError(f"workers > 1 needs a picklable retriever factory: {exc}") from None
+    from uvicorn.supervisors import Multiprocess
+
+    config = _uvicorn_config(factory, host, port, log_level, idle_timeout_s, factory=True, workers=workers)
+    sock = config.bind_socket()
+    try:
+        Multiprocess(config, sockets=[sock]).run()
+    finally:
+        sock.close()
+
+
+def _worker_app(factory: Callable[[], Retriever], app_kwargs: dict[str, Any]) -> FastAPI:
+    """The app of one :func:`serve` worker process: its own retriever, closed when it stops."""
+    return create_app(factory(), close_retriever=True, **app_kwargs)
