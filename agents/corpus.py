@@ -23,8 +23,9 @@ SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>"
 EOS_TOKEN, IM_START, IM_END, PAD_TOKEN = SPECIAL_TOKENS
 
 
-#: Domains a tiny tokenizer can be trained for: the math envs' texts or the KB search env's.
-CORPORA = ("math", "search")
+#: Domains a tiny tokenizer can be trained for: the math envs' texts, or the KB search env's in world 0
+#: (``search``) or across many training worlds (``search-worlds``, for a warm start that must read).
+CORPORA = ("math", "search", "search-worlds")
 
 
 def math_corpus(n: int = 4000, seed: int = 0) -> list[str]:
@@ -48,24 +49,51 @@ def math_corpus(n: int = 4000, seed: int = 0) -> list[str]:
     return texts[: max(n, 1)] if len(texts) > n else texts
 
 
-def search_corpus(n: int = 4000, seed: int = 0, kb_seed: int = 0) -> list[str]:
-    """Texts of the KB search env: every passage, then the search teacher's play on the train questions.
+#: Invented worlds the ``search-worlds`` tokenizer reads (the first ones a many-world warm start trains on).
+SEARCH_TOKENIZER_WORLDS = 16
 
-    The passages come first so the BPE learns the invented names' syllables.
+
+def search_corpus(n: int = 4000, seed: int = 0, kb_seed: int = 0, worlds: int = 0) -> list[str]:
+    """Texts of the KB search env: passages, then the search teacher's play on the train questions.
+
+    The passages come first so the BPE learns the invented names' syllables. ``worlds`` = 0: every
+    passage of the world ``kb_seed`` and play in it (the ``search`` corpus). ``worlds`` = N: passages
+    and play spread over the first N training worlds (``SFT_WORLD_SEED_BASE`` + i, never an evaluation
+    world; the ``search-worlds`` corpus). Why several: in one world every name recurs often enough to
+    become about one token - a world-0 tokenizer splits its own names into ~1.9 tokens and an unseen
+    world's into ~5.7 - while a model that reads must copy names it has never seen; a 16-world
+    tokenizer splits seen and unseen worlds' names alike (~4.8).
     """
     from srpo_envs.search import MultiTurnSearchEnv
-    from srpo_envs.tasks.knowledge_base import make_knowledge_base
+    from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE, make_knowledge_base
 
-    passages, _ = make_knowledge_base(seed=kb_seed, split="train")
-    texts: list[str] = [f"({p.title}) {p.text}" for p in passages]
-    env = MultiTurnSearchEnv(dataset="kb", split="train", kb_seed=kb_seed)
-    team = ScriptedTeam.search_teacher(env, p_correct=0.7, seed=seed)
+    if worlds < 0:
+        raise ValueError(f"worlds must be >= 0, got {worlds}")
     rng = random.Random(seed)
     i = 0
+    if worlds == 0:
+        passages, _ = make_knowledge_base(seed=kb_seed, split="train")
+        texts: list[str] = [f"({p.title}) {p.text}" for p in passages]
+        env = MultiTurnSearchEnv(dataset="kb", split="train", kb_seed=kb_seed)
+        team = ScriptedTeam.search_teacher(env, p_correct=0.7, seed=seed)
+        while len(texts) < n:
+            for obs, _, actions in team.play(env, rng.randint(0, 2**31), i % len(env.tasks)):
+                texts.extend(obs[a] for a in env.active_agents)
+                texts.extend(actions.values())
+            i += 1
+        return texts[:n]
+    seeds = [SFT_WORLD_SEED_BASE + w for w in range(worlds)]
+    texts = []
+    for world in seeds:
+        passages, _ = make_knowledge_base(seed=world, split="train")
+        texts += [f"({p.title}) {p.text}" for p in passages[: max(1, n // (2 * worlds))]]
     while len(texts) < n:
-        for obs, _, actions in team.play(env, rng.randint(0, 2**31), i % len(env.tasks)):
-            texts.extend(obs[a] for a in env.active_agents)
-            texts.extend(actions.values())
+        env = MultiTurnSearchEnv(dataset="kb", split="train", kb_seed=seeds[i % len(seeds)])
+        team = ScriptedTeam.search_teacher(env, p_correct=0.7, seed=rng.randint(0, 2**31))
+        for _ in range(4):
+            for obs, _, actions in team.play(env, rng.randint(0, 2**31), rng.randrange(len(env.tasks))):
+                texts.extend(obs[a] for a in env.active_agents)
+                texts.extend(actions.values())
         i += 1
     return texts[:n]
 
@@ -74,7 +102,10 @@ def default_corpus(n: int = 4000, seed: int = 0, domain: str = "math") -> list[s
     """Tokenizer training text of a domain: the env's own texts plus :func:`fallback_corpus`."""
     if domain not in CORPORA:
         raise ValueError(f"domain must be one of {CORPORA}, got {domain!r}")
-    env_texts = search_corpus(n, seed) if domain == "search" else math_corpus(n, seed)
+    if domain == "search-worlds":
+        env_texts = search_corpus(n, seed, worlds=SEARCH_TOKENIZER_WORLDS)
+    else:
+        env_texts = search_corpus(n, seed) if domain == "search" else math_corpus(n, seed)
     return list(env_texts) + fallback_corpus(n, seed)
 
 

@@ -643,7 +643,7 @@ _HELDOUT_COLUMNS = ["suite", "variant", "seed", "before", "after"]
 
 
 def _build_model(out: Path, recipe: str = "math") -> Path:
-    """init-tiny + the shipped checkpoint's SFT recipe (``learners.presets.RECIPES``); 25-45 min on 2 cores."""
+    """init-tiny + the shipped checkpoint's SFT recipe (``learners.presets.RECIPES``); 25-70 min on 2 cores."""
     from learners.sft import warm_start
 
     warm_start(out, recipe, log=typer.echo)

@@ -129,13 +129,17 @@ _COLUMNS_TRAIN: dict[str, Any] = {
     "max_tokens_per_microbatch": 4096,
 }
 
+#: quick-search's RL: the column suites' off-policy update (two minibatches per rollout batch, prefix
+#: tree, token budget) on 16 questions x G=4 per iteration.
+_SEARCH_TRAIN: dict[str, Any] = {**_COLUMNS_TRAIN, "group_size": 4}
+
 #: Per-suite RL settings, eval k and eval problems per dataset of ``bench quick``.
 QUICK_SETTINGS: dict[str, dict[str, Any]] = {
     "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
     "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
     "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2, "eval_limit": 32},
-    # search episodes run up to 4 events with long prompts (MAPPO's critic reads them too): fewer iterations
-    "quick-search": {"train": {**QUICK_TRAIN, "iterations": 8}, "eval_k": 2, "eval_limit": 32},
+    # search episodes run up to 4 events with long prompts (MAPPO's critic reads them too): G=4, 4 iterations
+    "quick-search": {"train": dict(_SEARCH_TRAIN), "eval_k": 2, "eval_limit": 32},
 }
 
 #: Comparison variants: name -> ``TrainConfig`` overrides.

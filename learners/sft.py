@@ -106,6 +106,12 @@ class SFTConfig:
     answer scores 0 and asking for the second hop can score 1."""
     eval_kb_seeds: tuple[int, ...] = ()
     """search: worlds of the held-out evaluation (default: kb_seed); unseen worlds when kb_worlds > 0."""
+    prompt_loss_weight: float = 0.0
+    """Weight of a language-modelling loss on the prompt tokens, added to the response loss (each a
+    mean over its tokens). 0: responses only. Search observations repeat each name they mention
+    (title, then text), so predicting the prompt teaches the copy that reading needs: on responses
+    alone (~160 target tokens a step) a many-world warm start sat at loss ~2.4 with no copying after
+    750 steps; with the prompt weighted 0.5, then 1.0, it began copying names within ~1,500 steps."""
     length_groups: int = 0
     """0: every batch is batch_size examples drawn at random. G > 0: draw G batches' examples at once,
     sort them by length and cut them into G batches (in random order), so a batch pads to a similar
@@ -120,6 +126,8 @@ class SFTConfig:
             raise ValueError(f"dataset must be one of {PROCEDURAL_FAMILIES}, got {self.dataset!r}")
         if self.save_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"save_dtype must be float32 or bfloat16, got {self.save_dtype!r}")
+        if self.prompt_loss_weight < 0:
+            raise ValueError(f"prompt_loss_weight must be >= 0, got {self.prompt_loss_weight}")
         if self.length_groups < 0:
             raise ValueError(f"length_groups must be >= 0, got {self.length_groups}")
         if self.kb_worlds < 0 or not 0.0 <= self.premature_answer <= 1.0:
@@ -272,10 +280,27 @@ def _length_grouped(
     return [batches[int(j)] for j in torch.randperm(groups, generator=gen)]
 
 
+def _response_and_prompt_loss(
+    model: Any, batch: dict[str, torch.Tensor], weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(response loss, response loss + ``weight`` x prompt loss): token means of next-token cross-entropy,
+    the prompt's over every real prompt token after the first (see ``SFTConfig.prompt_loss_weight``)."""
+    ids, attn, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    target = ids[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    response = labels[:, 1:] != -100
+    prompt = (attn[:, 1:] == 1) & ~response
+    response_loss = (ce * response).sum() / response.sum().clamp(min=1)
+    prompt_loss = (ce * prompt).sum() / prompt.sum().clamp(min=1)
+    return response_loss, response_loss + weight * prompt_loss
+
+
 def train_sft(
     policy: HFPolicy, examples: Sequence[tuple[list[int], list[int], str]], cfg: SFTConfig, log: Any = print
 ) -> list[float]:
-    """Cross-entropy on response tokens with AdamW + warmup/cosine; returns the loss curve."""
+    """Cross-entropy on response tokens (plus ``prompt_loss_weight`` x the prompt's) with AdamW +
+    warmup/cosine; returns the response loss curve."""
     model = policy.model
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -298,15 +323,18 @@ def train_sft(
         else:
             idx = torch.randint(len(examples), (cfg.batch_size,), generator=gen).tolist()
         batch = _batch([examples[i] for i in idx], policy.pad_id)
-        out = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
-        )
+        if cfg.prompt_loss_weight > 0:
+            loss, total = _response_and_prompt_loss(model, batch, cfg.prompt_loss_weight)
+        else:
+            loss = total = model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+            ).loss
         opt.zero_grad(set_to_none=True)
-        out.loss.backward()
+        total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(out.loss.detach()))
+        losses.append(float(loss.detach()))
         if log and (step % 50 == 0 or step == cfg.steps - 1):
             log(f"sft step {step:4d}/{cfg.steps} loss {sum(losses[-50:]) / len(losses[-50:]):.4f}")
     model.eval()
@@ -515,6 +543,8 @@ def warm_start(out_dir: str | os.PathLike[str], recipe: str = "math", log: Any =
         raise ValueError(f"no recipe {recipe!r}; known: {sorted(RECIPES)}")
     out = Path(out_dir)
     base = out.parent / f"{out.name}-init"
-    domain = SFTConfig(**RECIPES[recipe][0]).domain  # the tokenizer is trained on the recipe's domain
+    first = SFTConfig(**RECIPES[recipe][0])
+    # the tokenizer is trained on the recipe's domain; on many worlds when the recipe trains on many
+    domain = "search-worlds" if first.domain == "search" and first.kb_worlds else first.domain
     init_tiny(base, size="mini", seed=0, domain=domain)
     return run_recipe(base, out, recipe, log=log)

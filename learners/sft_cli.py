@@ -35,7 +35,7 @@ def warm_start_command(
         str, typer.Option(help=f"which shipped checkpoint to rebuild: {', '.join(RECIPES)}")
     ] = "math",
 ) -> None:
-    """Rebuild a shipped warm start from scratch: init-tiny (mini) + its SFT recipe (25-45 min on 2 cores).
+    """Rebuild a shipped warm start from scratch: init-tiny (mini) + its SFT recipe (25-70 min on 2 cores).
 
     ``--recipe math`` reproduces agents/checkpoints/mini-sft, ``--recipe columns`` mini-columns-sft,
     ``--recipe search`` mini-search-sft (the recipes: ``learners.presets.RECIPES``).

@@ -32,6 +32,25 @@ def test_examples_cover_every_role_and_only_correct_proposals(tiny_model_dir: Pa
             assert "\\boxed{" in text
 
 
+def test_prompt_loss_adds_the_prompt_tokens_cross_entropy(tiny_model_dir: Path) -> None:
+    """``prompt_loss_weight``: the response part is the HF labels loss; the prompt part is the mean
+    next-token cross-entropy over real prompt tokens (no padding, not the response)."""
+    from learners.sft import _response_and_prompt_loss
+
+    policy = HFPolicy(tiny_model_dir)
+    examples = [([5, 6, 7, 8], [9, 10], "searcher"), ([5, 11], [12, 13, 14], "aggregator")]
+    batch = _batch(examples, pad_id=policy.pad_id)
+    model = policy.model
+    hf = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    response, total = _response_and_prompt_loss(model, batch, 0.5)
+    assert torch.allclose(response, hf.loss, atol=1e-5)
+    logp = torch.log_softmax(hf.logits.float(), -1)
+    terms = [-logp[0, i, t] for i, t in enumerate([6, 7, 8])] + [-logp[1, 0, 11]]
+    assert torch.allclose(total - response, 0.5 * torch.stack(terms).mean(), atol=1e-5)
+    with __import__("pytest").raises(ValueError, match="prompt_loss_weight"):
+        SFTConfig(prompt_loss_weight=-1.0)
+
+
 def test_batch_masks_prompt_and_padding() -> None:
     batch = _batch([([5, 6, 7], [8, 9], "proposer"), ([5], [8, 9, 10], "router")], pad_id=0)
     assert batch["labels"].tolist() == [[-100, -100, -100, 8, 9], [-100, 8, 9, 10, -100]]

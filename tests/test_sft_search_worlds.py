@@ -78,3 +78,17 @@ def test_length_groups_cut_sorted_draws_into_batches_of_similar_length() -> None
     assert all(hi_a <= lo_b for (_, hi_a), (lo_b, _) in zip(spans, spans[1:], strict=False))
     with pytest.raises(ValueError, match="length_groups"):
         SFTConfig(length_groups=-1)
+
+
+def test_search_worlds_corpus_reads_only_training_worlds() -> None:
+    """The ``search-worlds`` tokenizer text comes from training worlds, never an evaluation world."""
+    from agents.corpus import search_corpus
+
+    texts = search_corpus(120, worlds=2)
+    joined = "\n".join(texts)
+    for world in (SFT_WORLD_SEED_BASE, SFT_WORLD_SEED_BASE + 1):
+        assert any(f"({p.title})" in joined for p in make_knowledge_base(seed=world, split="train")[0])
+    for world in (0, 1):  # world 0 is the single-world warm start's, world 1 quick-search's evaluation
+        assert not any(p.title in joined for p in make_knowledge_base(seed=world, split="all")[0])
+    with pytest.raises(ValueError, match="worlds"):
+        search_corpus(10, worlds=-1)
