@@ -45,34 +45,30 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def _serve(fail_every: int) -> tuple[ThreadingHTTPServer, type[_Handler]]:
-    handler = type("H", (_Handler,), {"fail_every": fail_every, "count": 0, "queries": set()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, handler
-
-
 # queries that would break a naive Lua literal or JSON-in-Lua embedding
 QUERIES = ["capital of Koutroustan", 'a "quoted" ]] query', "ends with ]=]", "back\\slash", "ünï ✓"]
 
 
-def test_wrk_client_sends_every_body_and_counts_no_error_on_good_answers() -> None:
-    server, handler = _serve(fail_every=0)
+def _load(fail_every: int) -> tuple[dict[str, float], type[_Handler]]:
+    """One second of :func:`wrk_load_test` (2 connections) against a fresh stand-in server."""
+    handler = type("H", (_Handler,), {"fail_every": fail_every, "count": 0, "queries": set()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        r = wrk_load_test(f"http://127.0.0.1:{server.server_port}", QUERIES, 1, 2, 3, 1)
+        return wrk_load_test(f"http://127.0.0.1:{server.server_port}", QUERIES, 1, 2, 3, 1), handler
     finally:
         server.shutdown()
+
+
+def test_wrk_client_sends_every_body_and_counts_no_error_on_good_answers() -> None:
+    r, handler = _load(fail_every=0)
     assert r["errors"] == 0 and r["requests_ok"] > len(QUERIES)
     assert handler.queries == set(QUERIES)  # every body decoded to the query it was built from
     assert r["req_per_s"] > 0 and r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
 
 
 def test_wrk_client_counts_5xx_as_errors() -> None:
-    server, handler = _serve(fail_every=3)
-    try:
-        r = wrk_load_test(f"http://127.0.0.1:{server.server_port}", QUERIES, 1, 2, 3, 1)
-    finally:
-        server.shutdown()
+    r, _ = _load(fail_every=3)
     total = r["requests_ok"] + r["errors"]
     assert r["errors"] >= 1 and abs(r["errors"] - total / 3) <= 2
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from agents.hf import HFPolicy
@@ -47,7 +48,7 @@ def test_prompt_loss_adds_the_prompt_tokens_cross_entropy(tiny_model_dir: Path) 
     logp = torch.log_softmax(hf.logits.float(), -1)
     terms = [-logp[0, i, t] for i, t in enumerate([6, 7, 8])] + [-logp[1, 0, 11]]
     assert torch.allclose(total - response, 0.5 * torch.stack(terms).mean(), atol=1e-5)
-    with __import__("pytest").raises(ValueError, match="prompt_loss_weight"):
+    with pytest.raises(ValueError, match="prompt_loss_weight"):
         SFTConfig(prompt_loss_weight=-1.0)
 
 
@@ -112,8 +113,6 @@ def test_search_domain_examples_and_sft(tmp_path: Path) -> None:
 
 
 def test_sft_rejects_unknown_domain_and_dataset() -> None:
-    import pytest
-
     with pytest.raises(ValueError, match="domain"):
         SFTConfig(domain="chess")
     with pytest.raises(ValueError, match="dataset"):
@@ -136,7 +135,7 @@ def test_recipe_chains_passes_and_keeps_the_whole_recipe(
     assert report["base_report"]["config"]["seed"] == 0
     saved = json.loads((tmp_path / "final" / "sft_report.json").read_text())
     assert saved["base_report"] == report["base_report"]
-    with __import__("pytest").raises(ValueError, match="recipe"):
+    with pytest.raises(ValueError, match="recipe"):
         sft_mod.run_recipe(tiny_model_dir, tmp_path / "x", "chess", log=None)
 
 
