@@ -62,7 +62,8 @@ def search_corpus(n: int = 4000, seed: int = 0, kb_seed: int = 0, worlds: int = 
     world; the ``search-worlds`` corpus). Why several: in one world every name recurs often enough to
     become about one token - a world-0 tokenizer splits its own names into ~1.9 tokens and an unseen
     world's into ~5.7 - while a model that reads must copy names it has never seen; a 16-world
-    tokenizer splits seen and unseen worlds' names alike (~4.8).
+    tokenizer splits seen and unseen worlds' names alike (~4.8). Its teacher writes names with
+    ``copy_spacing``, as the ``search-worlds`` recipe's teacher does.
     """
     from srpo_envs.search import MultiTurnSearchEnv
     from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE, make_knowledge_base
@@ -89,7 +90,7 @@ def search_corpus(n: int = 4000, seed: int = 0, kb_seed: int = 0, worlds: int = 
         texts += [f"({p.title}) {p.text}" for p in passages[: max(1, n // (2 * worlds))]]
     while len(texts) < n:
         env = MultiTurnSearchEnv(dataset="kb", split="train", kb_seed=seeds[i % len(seeds)])
-        team = ScriptedTeam.search_teacher(env, p_correct=0.7, seed=rng.randint(0, 2**31))
+        team = ScriptedTeam.search_teacher(env, p_correct=0.7, seed=rng.randint(0, 2**31), copy_spacing=True)
         for _ in range(4):
             for obs, _, actions in team.play(env, rng.randint(0, 2**31), rng.randrange(len(env.tasks))):
                 texts.extend(obs[a] for a in env.active_agents)

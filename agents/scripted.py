@@ -128,7 +128,9 @@ class ScriptedTeam:
         return cls({"searcher": search, "aggregator": aggregate, "router": route_fn})
 
     @classmethod
-    def search_teacher(cls, env: Any, p_correct: float = 0.7, seed: int = 0) -> ScriptedTeam:
+    def search_teacher(
+        cls, env: Any, p_correct: float = 0.7, seed: int = 0, copy_spacing: bool = False
+    ) -> ScriptedTeam:
         """A searcher/aggregator team that only uses what it has read: the teacher for search SFT.
 
         Unlike :meth:`search_oracle` (which queries every gold title at once, bridge entities of
@@ -143,10 +145,16 @@ class ScriptedTeam:
           before the last turn, it asks for the next needed title seen in the text; on the last
           turn it guesses a name from the text.
 
+        ``copy_spacing`` writes ``<search> X</search>`` and ``<answer> X</answer>``: a name then
+        tokenizes as it does in the passages and questions it is copied from (byte-level BPE otherwise
+        merges ``>`` with its first letters: ``>T raik or grad`` against `` Traik or grad``), so copying
+        it is repeating tokens, not translating them. The env strips the space.
+
         :func:`search_teacher_correct` tells which of its outputs are worth imitating.
         """
         rng = random.Random(seed)
         base = env.unwrapped
+        pad = " " if copy_spacing else ""
 
         def subject() -> str:
             return (base.gold_titles or [base.task.question])[0]
@@ -168,15 +176,15 @@ class ScriptedTeam:
             target = asked.group(1).strip() if asked else needed(obs) or subject()
             if rng.random() >= p_correct:
                 target = wrong_name(obs)
-            return f"<search>{target}</search>"
+            return f"<search>{pad}{target}</search>"
 
         def aggregate(agent: str, obs: str, info: Mapping[str, Any]) -> str:
             gold = _gold_in_evidence(base.task.answers, obs)
             if gold is not None:
-                return f"<answer>{gold}</answer>"
+                return f"<answer>{pad}{gold}</answer>"
             if "Answer now" not in obs:
-                return f"<search>{needed(obs) or subject()}</search>"
-            return f"<answer>{wrong_name(obs)}</answer>"
+                return f"<search>{pad}{needed(obs) or subject()}</search>"
+            return f"<answer>{pad}{wrong_name(obs)}</answer>"
 
         return cls({"searcher": search, "aggregator": aggregate})
 

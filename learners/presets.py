@@ -30,14 +30,18 @@ _COLUMNS: dict[str, Any] = {
 
 _SEARCH: dict[str, Any] = {
     "domain": "search",
-    "kb_worlds": 64,
+    "kb_worlds": 1024,
     "premature_answer": 0.3,
     "length_groups": 8,
     "eval_kb_seeds": (1, 2),
     "eval_problems": 48,
     "lr": 2e-3,
-    "warmup": 50,
+    "warmup": 100,
     "refine_steps": 0,
+    "prompt_loss_weight": 1.0,
+    "copy_spacing": True,
+    "search_episodes": 8000,
+    "save_dtype": "float32",
 }
 
 #: Recipe name -> the SFT passes (``SFTConfig`` overrides), run one after another.
@@ -52,28 +56,7 @@ RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
     ),
     "search": ({"domain": "search"},),
     "search-worlds": (
-        {**_SEARCH, "steps": 400, "search_episodes": 4000, "save_dtype": "float32"},
-        {
-            **_SEARCH,
-            "steps": 1000,
-            "search_episodes": 4000,
-            "prompt_loss_weight": 0.5,
-            "save_dtype": "float32",
-        },
-        {
-            **_SEARCH,
-            "steps": 2000,
-            "search_episodes": 6000,
-            "prompt_loss_weight": 1.0,
-            "save_dtype": "float32",
-        },
-        {
-            **_SEARCH,
-            "steps": 2000,
-            "search_episodes": 8000,
-            "prompt_loss_weight": 1.0,
-            "save_dtype": "float32",
-        },
-        {**_SEARCH, "steps": 2000, "search_episodes": 8000, "prompt_loss_weight": 1.0, "lr": 1.5e-3},
+        {**_SEARCH, "steps": 2500},
+        {**_SEARCH, "steps": 2500, "seed": 1, "lr": 1.5e-3, "save_dtype": "bfloat16"},
     ),
 }

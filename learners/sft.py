@@ -112,6 +112,9 @@ class SFTConfig:
     (title, then text), so predicting the prompt teaches the copy that reading needs: on responses
     alone (~160 target tokens a step) a many-world warm start sat at loss ~2.4 with no copying after
     750 steps; with the prompt weighted 0.5, then 1.0, it began copying names within ~1,500 steps."""
+    copy_spacing: bool = False
+    """search: the teacher writes a space after <search> and <answer>, so a name it copies tokenizes as
+    in the passage it comes from (ScriptedTeam.search_teacher copy_spacing)."""
     length_groups: int = 0
     """0: every batch is batch_size examples drawn at random. G > 0: draw G batches' examples at once,
     sort them by length and cut them into G batches (in random order), so a batch pads to a similar
@@ -202,16 +205,17 @@ def _training_worlds(cfg: SFTConfig) -> list[int]:
     return [SFT_WORLD_SEED_BASE + i for i in range(cfg.kb_worlds)]
 
 
-def _premature(env: Any, role: str, text: str) -> str | None:
+def _premature(env: Any, role: str, text: str, spaced: bool = False) -> str | None:
     """The habit ``premature_answer`` teaches: on a two-hop question, answer with the bridge entity the
     aggregator was about to ask for (the first hop's result) instead of asking. None where it does not
-    apply (another role, a one-hop question, an answer, or a request that is not the bridge)."""
+    apply (another role, a one-hop question, an answer, or a request that is not the bridge). ``spaced``:
+    the teacher's ``copy_spacing``."""
     base = env.unwrapped
     gold = list(base.gold_titles)
     request = re.fullmatch(r"<search>(.*)</search>", text.strip(), re.DOTALL)
     if role != "aggregator" or len(gold) < 2 or request is None or request.group(1).strip() != gold[1]:
         return None
-    return f"<answer>{gold[1]}</answer>"
+    return f"<answer>{' ' if spaced else ''}{gold[1]}</answer>"
 
 
 def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list[int], str]]:
@@ -221,22 +225,26 @@ def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int
     the evidence (and learns to ask for it); only outputs :func:`search_teacher_correct` accepts become
     examples, so the model never imitates a wrong query or answer -- except the deliberate
     ``premature_answer`` habit. With ``kb_worlds`` each episode is played in one of many invented
-    worlds (one env per world, built once: the BM25 index is the expensive part).
+    worlds (one env per world, built once; their BM25 indexes are built up front, many per JVM).
     """
     from agents.scripted import search_teacher_correct
-    from srpo_envs.search import MultiTurnSearchEnv
+    from srpo_envs.search import MultiTurnSearchEnv, prebuild_kb_indexes
 
     prompts = RolePrompts("search")
     end = _end_id(tokenizer)
     rng = random.Random(cfg.seed)
     worlds = _training_worlds(cfg)
+    if len(worlds) > 1:
+        prebuild_kb_indexes(worlds)
     envs: dict[int, tuple[Any, ScriptedTeam, list[int]]] = {}
     examples: list[tuple[list[int], list[int], str]] = []
     for i in range(cfg.search_episodes):
         world = worlds[0] if len(worlds) == 1 else rng.choice(worlds)
         if world not in envs:
             env = MultiTurnSearchEnv(dataset="kb", split="train", kb_seed=world)
-            team = ScriptedTeam.search_teacher(env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31))
+            team = ScriptedTeam.search_teacher(
+                env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31), copy_spacing=cfg.copy_spacing
+            )
             envs[world] = (env, team, list(range(len(env.tasks))))
         env, team, order = envs[world]
         if len(worlds) == 1:  # one world: cycle through its questions in shuffled passes
@@ -248,7 +256,7 @@ def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int
         for obs, infos, actions in team.play(env, rng.randint(0, 2**31), task):
             for agent, text in actions.items():
                 role = infos[agent]["role"]
-                habit = _premature(env, role, text) if cfg.premature_answer > 0 else None
+                habit = _premature(env, role, text, cfg.copy_spacing) if cfg.premature_answer > 0 else None
                 if habit is not None and rng.random() < cfg.premature_answer:
                     examples.append(_example(tokenizer, prompts, end, agent, role, obs[agent], habit))
                 elif search_teacher_correct(env, role, text):

@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -138,7 +137,7 @@ def _dense_encoder(model: str | None, max_seq_length: int = 256) -> tuple[Any, d
 
 
 def _build_bm25(out: Path, fingerprint: str, n: int, threads: int, say: Callable[[str], None]) -> Path:
-    from srpo_envs.retrievers.bm25 import MARKER
+    from srpo_envs.retrievers.bm25 import MARKER, run_lucene_indexer
 
     key = settings_key(fingerprint, _bm25_settings())
     target = out / "indexes" / f"bm25-{key[:32]}"
@@ -150,24 +149,7 @@ def _build_bm25(out: Path, fingerprint: str, n: int, threads: int, say: Callable
         try:
             say(f"Lucene indexing {n} passages with {threads} threads ...")
             t0 = time.perf_counter()
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "srpo_envs.retrievers._lucene_index",
-                    str(out / "shards"),
-                    str(tmp / "index"),
-                    str(threads),
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if proc.returncode != 0:
-                raise RuntimeError(
-                    f"Lucene indexing failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}"
-                )
-            num_docs = json.loads(proc.stdout.strip().splitlines()[-1])["num_docs"]
+            (num_docs,) = run_lucene_indexer([(out / "shards", tmp / "index")], threads)
             if num_docs != n:
                 raise RuntimeError(f"Lucene indexed {num_docs} of {n} passages")
             info = {

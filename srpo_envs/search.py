@@ -361,3 +361,22 @@ def oracle_query(env: MultiTurnSearchEnv, searcher_index: int) -> str:
     if titles:
         return titles[searcher_index % len(titles)]
     return env.task.question
+
+
+def prebuild_kb_indexes(kb_seeds: Sequence[int], cache_dir: str | Path | None = None) -> int:
+    """Build the BM25 index of every invented world in ``kb_seeds`` that is not cached yet, in batches
+    (one JVM per :data:`~srpo_envs.retrievers.bm25.INDEXER_BATCH` worlds); returns how many were built.
+
+    Why: a ``MultiTurnSearch-v0`` env of a world indexes its 200 passages on first use, and a fresh JVM
+    per world (~3.3 s) would dominate a warm start that plays in a thousand worlds. Envs made afterwards
+    (``dataset="kb"``, ``kb_seed`` in ``kb_seeds``, the default ``bm25`` retriever) find their index cached.
+    """
+    from srpo_envs.retrievers import corpus_fingerprint
+    from srpo_envs.retrievers.bm25 import build_lucene_indexes
+    from srpo_envs.tasks.knowledge_base import make_knowledge_base
+
+    corpora = []
+    for seed in kb_seeds:
+        passages, _ = make_knowledge_base(seed=seed, split="all")
+        corpora.append((passages, corpus_fingerprint(passages)))
+    return sum(built for _, built in build_lucene_indexes(corpora, cache_dir))

@@ -221,3 +221,41 @@ def _pyserini_reference(index_dir, queries: list[str], tmp_path) -> list[list[li
         check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_many_corpora_index_in_one_indexer_process(tmp_path, monkeypatch):
+    """``build_lucene_indexes`` builds every missing corpus in one JVM (a corpus given twice once),
+    and each index is the one a ``BM25Retriever`` of that corpus then finds in the cache."""
+    from srpo_envs.retrievers import bm25 as bm25_mod
+    from srpo_envs.retrievers import corpus_fingerprint
+
+    calls = []
+    real = bm25_mod.run_lucene_indexer
+    monkeypatch.setattr(bm25_mod, "run_lucene_indexer", lambda jobs, t: calls.append(len(jobs)) or real(jobs, t))
+    corpora = [CORPUS[:3], CORPUS[3:], CORPUS[:3], CORPUS]
+    BM25Retriever(CORPUS, cache_dir=tmp_path).close()  # already cached before the batch
+    calls.clear()
+    got = bm25_mod.build_lucene_indexes([(c, corpus_fingerprint(c)) for c in corpora], tmp_path)
+    assert calls == [2]  # one process, two indexes: the repeat and the cached corpus are not rebuilt
+    assert [built for _, built in got] == [True, True, False, False]
+    assert got[0][0] == got[2][0] and len({d for d, _ in got}) == 3
+    for corpus, (index_dir, _) in zip(corpora, got, strict=True):
+        r = BM25Retriever(corpus, cache_dir=tmp_path)
+        assert not r.index_built and r.index_dir == index_dir
+        assert [h.id for h in r.search([corpus[0].title], 1)[0]] == [corpus[0].id]
+        r.close()
+    assert bm25_mod.build_lucene_indexes([(c, corpus_fingerprint(c)) for c in corpora], tmp_path)[1][1] is False
+    assert calls == [2]
+    assert not [p for p in (tmp_path / "indexes").iterdir() if p.name.startswith(".build-")]
+
+
+def test_indexer_subprocess_ignores_modules_in_the_working_directory(tmp_path, monkeypatch):
+    """The indexer runs ``python -I``: a ``jnius.py`` in the caller's directory is never imported
+    (with ``python -m`` it shadowed pyjnius and ran)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "jnius.py").write_text("raise SystemExit('planted jnius.py ran')\n")
+    monkeypatch.chdir(work)
+    r = BM25Retriever(CORPUS[:2], cache_dir=tmp_path / "cache")
+    assert r.index_built and [h.id for h in r.search(["Kortonport"], 1)[0]] == ["d2"]
+    r.close()

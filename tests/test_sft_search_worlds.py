@@ -92,3 +92,43 @@ def test_search_worlds_corpus_reads_only_training_worlds() -> None:
         assert not any(p.title in joined for p in make_knowledge_base(seed=world, split="all")[0])
     with pytest.raises(ValueError, match="worlds"):
         search_corpus(10, worlds=-1)
+
+
+def test_prebuilt_worlds_are_found_by_the_envs_made_afterwards(tmp_path, monkeypatch) -> None:
+    """``prebuild_kb_indexes`` builds each world once (one JVM for the batch); an env of such a world
+    then opens its index from the cache instead of starting an indexer of its own."""
+    pytest.importorskip("pyserini")
+    from srpo_envs.search import MultiTurnSearchEnv, prebuild_kb_indexes
+
+    monkeypatch.setenv("SRPO_CACHE_DIR", str(tmp_path))
+    seeds = [SFT_WORLD_SEED_BASE + 900, SFT_WORLD_SEED_BASE + 901]
+    assert prebuild_kb_indexes(seeds) == 2
+    assert prebuild_kb_indexes(seeds) == 0
+    env = MultiTurnSearchEnv(dataset="kb", kb_seed=seeds[1])
+    assert env.retriever.index_built is False
+    passage = make_knowledge_base(seed=seeds[1], split="all")[0][0]
+    assert env.retriever.search([passage.title], 1)[0][0].id == passage.id
+
+
+def test_copy_spacing_teacher_names_tokenize_as_in_the_prompt(tiny_model_dir) -> None:
+    """With ``copy_spacing`` every name a search example's target copies (a query, a request, an answer)
+    is the same run of token ids as somewhere in its prompt, and the env still reads the name."""
+    from transformers import AutoTokenizer
+
+    pytest.importorskip("pyserini")
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    cfg = SFTConfig(domain="search", search_episodes=12, copy_spacing=True, premature_answer=0.5)
+    examples = build_search_examples(tok, cfg)
+    assert len(examples) > 20
+
+    def runs(ids: list[int], n: int) -> set[tuple[int, ...]]:
+        return {tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)}
+
+    for prompt, target, _ in examples:
+        text = tok.decode(target, skip_special_tokens=True)
+        tag = "answer" if "<answer>" in text else "search"
+        name = text.split(f"<{tag}>")[1].split(f"</{tag}>")[0]
+        assert name.startswith(" ") and name.strip() == name[1:]
+        ids = tok(name, add_special_tokens=False)["input_ids"]
+        assert tuple(ids) in runs(prompt, len(ids)), f"{name!r} tokenizes unlike its prompt"
+        assert tuple(ids) in runs(target, len(ids))

@@ -26,6 +26,7 @@ threads.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -54,6 +55,36 @@ MARKER = "srpo_index.json"
 MAX_QUERY_CLAUSES = 1 << 16
 
 
+#: Most indexes one indexer process builds (and file locks one batch holds at once).
+INDEXER_BATCH = 256
+
+
+def run_lucene_indexer(jobs: Sequence[tuple[Path, Path]], threads: int) -> list[int]:
+    """Index every ``(input_dir, index_dir)`` of ``jobs`` in one Anserini subprocess; its doc counts.
+
+    The subprocess is isolated (``python -I``: the working directory and ``PYTHON*`` variables never
+    reach its import path) and its failure is an error carrying the tail of its output.
+    """
+    if not jobs:
+        return []
+    argv = [sys.executable, "-I", "-m", "srpo_envs.retrievers._lucene_index", str(int(threads))]
+    for input_dir, index_dir in jobs:
+        argv += [str(input_dir), str(index_dir)]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    if proc.returncode != 0:
+        raise RuntimeError(f"Lucene indexing failed (exit {proc.returncode}):\n{tail}")
+    counts = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith('{"srpo_index"'):
+            row = json.loads(line)
+            counts[row["srpo_index"]] = int(row["num_docs"])
+    missing = [str(d) for _, d in jobs if str(d) not in counts]
+    if missing:
+        raise RuntimeError(f"Lucene indexer reported no document count for {missing[:3]}:\n{tail}")
+    return [counts[str(d)] for _, d in jobs]
+
+
 def build_lucene_index(
     passages: Sequence[Passage],
     fingerprint: str,
@@ -69,55 +100,71 @@ def build_lucene_index(
     or a concurrent process never leaves a half-written index where a reader would pick it up.
     A finished index carries ``srpo_index.json``; a directory without it is never trusted.
     """
+    return build_lucene_indexes([(passages, fingerprint)], cache_dir, threads=threads, rebuild=rebuild)[0]
+
+
+def build_lucene_indexes(
+    corpora: Sequence[tuple[Sequence[Passage], str]],
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    threads: int | None = None,
+    rebuild: bool = False,
+) -> list[tuple[Path, bool]]:
+    """:func:`build_lucene_index` for many ``(passages, fingerprint)`` corpora, missing ones built by
+    one indexer process per :data:`INDEXER_BATCH`: what many small corpora (a warm start's invented
+    worlds) need, since a JVM start costs more than indexing a few hundred passages."""
     settings = {"kind": "bm25-lucene", "jar": Path(anserini_jar()).name, "contents": "search-r1", "raw": True}
-    key = settings_key(fingerprint, settings)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = root / "indexes" / f"bm25-{key[:32]}"
-    with file_lock(root / "indexes" / f".bm25-{key[:32]}.lock"):
-        if (target / MARKER).is_file() and not rebuild:
-            return target, False
-        tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=root / "indexes"))
-        try:
-            (tmp / "input").mkdir()
-            with open(tmp / "input" / "docs.jsonl", "w", encoding="utf-8") as fh:
-                for p in passages:
-                    fh.write(json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n")
-            n_threads = threads or max(1, min(8, os.cpu_count() or 1))
-            t0 = time.perf_counter()
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "srpo_envs.retrievers._lucene_index",
-                    str(tmp / "input"),
-                    str(tmp / "index"),
-                    str(n_threads),
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if proc.returncode != 0:
-                tail = (proc.stdout + proc.stderr)[-3000:]
-                raise RuntimeError(f"Lucene indexing failed (exit {proc.returncode}):\n{tail}")
-            num_docs = json.loads(proc.stdout.strip().splitlines()[-1])["num_docs"]
-            if num_docs != len(passages):
-                raise RuntimeError(f"Lucene indexed {num_docs} of {len(passages)} passages")
-            info = {
-                "corpus_sha256": fingerprint,
-                "key": key,
-                "settings": settings,
-                "num_docs": num_docs,
-                "build_seconds": round(time.perf_counter() - t0, 3),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    first: dict[str, int] = {}  # key -> index of its first corpus (a corpus given twice is built once)
+    for i, (_, fingerprint) in enumerate(corpora):
+        first.setdefault(settings_key(fingerprint, settings), i)
+    target = {key: root / "indexes" / f"bm25-{key[:32]}" for key in first}
+    built: dict[str, bool] = {key: False for key in first if (target[key] / MARKER).is_file() and not rebuild}
+    todo = sorted(set(first) - set(built))  # sorted: two batch builders never wait on each other in a cycle
+    n_threads = threads or max(1, min(8, os.cpu_count() or 1))
+    for start in range(0, len(todo), INDEXER_BATCH):
+        chunk = todo[start : start + INDEXER_BATCH]
+        with contextlib.ExitStack() as stack:
+            for key in chunk:
+                stack.enter_context(file_lock(root / "indexes" / f".bm25-{key[:32]}.lock"))
+            for key in chunk:
+                if (target[key] / MARKER).is_file() and not rebuild:  # published while we waited
+                    built[key] = False
+            jobs = {
+                key: Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=root / "indexes"))
+                for key in chunk
+                if key not in built
             }
-            atomic_write_text(tmp / "index" / MARKER, json.dumps(info, indent=2))
-            if target.exists():  # a stale (unmarked) dir or an explicit rebuild
-                shutil.rmtree(target)
-            os.replace(tmp / "index", target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target, True
+            stack.callback(
+                lambda dirs=tuple(jobs.values()): [shutil.rmtree(d, ignore_errors=True) for d in dirs]
+            )
+            for key, tmp in jobs.items():
+                (tmp / "input").mkdir()
+                with open(tmp / "input" / "docs.jsonl", "w", encoding="utf-8") as fh:
+                    for p in corpora[first[key]][0]:
+                        fh.write(json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n")
+            t0 = time.perf_counter()
+            counts = run_lucene_indexer([(tmp / "input", tmp / "index") for tmp in jobs.values()], n_threads)
+            seconds = (time.perf_counter() - t0) / max(1, len(jobs))
+            for (key, tmp), num_docs in zip(jobs.items(), counts, strict=True):
+                passages, fingerprint = corpora[first[key]]
+                if num_docs != len(passages):
+                    raise RuntimeError(f"Lucene indexed {num_docs} of {len(passages)} passages")
+                info = {
+                    "corpus_sha256": fingerprint,
+                    "key": key,
+                    "settings": settings,
+                    "num_docs": num_docs,
+                    "build_seconds": round(seconds, 3),
+                    "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                }
+                atomic_write_text(tmp / "index" / MARKER, json.dumps(info, indent=2))
+                if target[key].exists():  # a stale (unmarked) dir or an explicit rebuild
+                    shutil.rmtree(target[key])
+                os.replace(tmp / "index", target[key])
+                built[key] = True
+    keys = [settings_key(fingerprint, settings) for _, fingerprint in corpora]
+    return [(target[key], built[key] and first[key] == i) for i, key in enumerate(keys)]
 
 
 class BM25Retriever(CorpusRetriever):
