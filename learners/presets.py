@@ -6,14 +6,15 @@ commands does (bfloat16 unless a pass sets ``save_dtype``). ``math`` builds ``ag
 on column addition, ending with a teacher that forgets the first carry in 40% of its solutions
 (``carry_slip``), a systematic error that RL removes on held-out problems too (the quick-columns
 suite); ``search`` builds ``mini-search-sft`` in the single invented world 0 (it memorises that world's
-facts: 0% on unseen worlds). ``search-worlds`` (not shipped yet) trains across 64 invented worlds (one
-drawn per episode, so no fact can be memorised) with a tokenizer read from 16 of them, evaluates in
-worlds 1 and 2, which no pass trains in, and teaches a habit RL can remove (``premature_answer``: on
-a two-hop question the teacher answers with the bridge entity 30% of the time). Copying a name it has
-never seen is the skill that takes: on responses alone the model learned none in 750 steps, with the
-prompt tokens trained on too (``prompt_loss_weight``) its searchers copy unseen names after ~3,400
-steps; its aggregator does not yet read the answer out of a passage. Measured accuracies of each pass
-are in the README.
+facts: 0% on unseen worlds). ``search-worlds`` trains across 1,024 invented worlds (one drawn per
+episode: a pass's 8,000 episodes ask ~8 of each world's ~850 training questions, so a fact rarely recurs
+and none can be memorised), with a
+tokenizer read from 16 of them, evaluates in worlds 1 and 2, which no pass trains in, and teaches a habit
+RL can remove (``premature_answer``: on a two-hop question the teacher answers with the bridge entity 30%
+of the time). Copying a name it has never seen is the skill that takes, so every pass also trains on the
+prompt tokens (``prompt_loss_weight``: observations repeat each name they mention) and the teacher writes
+``<answer> Name</answer>`` (``copy_spacing``: the name's tokens are then the passage's tokens). Measured
+accuracies of each pass are in the README.
 """
 
 from __future__ import annotations

@@ -397,6 +397,11 @@ def kb_accuracy(
     return kb_search_stats(policy, n, temperature, max_new_tokens, seed, kb_seed)["em"]
 
 
+def subject_retrieved(events: Sequence[Any], passage_id: str) -> bool:
+    """Whether any search event of an episode (``env.events``) retrieved the passage ``passage_id``."""
+    return any(passage_id in ids for ev in events for ids in ev.info.get("retrieved_ids", {}).values())
+
+
 def kb_search_stats(
     policy: HFPolicy,
     n: int = 64,
@@ -409,7 +414,9 @@ def kb_search_stats(
 
     ``em``: exact match; ``tool_calls``: retrieval queries per question; ``premature``: the fraction
     of two-hop questions answered after a single search round (the bridge entity's passage unread);
-    ``two_hop_em``: exact match on the two-hop questions.
+    ``two_hop_em``: exact match on the two-hop questions; ``subject_found``: the fraction of questions
+    whose first-hop passage (the subject's: a copy of the name the question gives) was retrieved, which
+    tells a team that cannot search from one that cannot read what it found.
     """
     from srpo_envs.search import MultiTurnSearchEnv
     from srpo_envs.tasks.knowledge_base import make_knowledge_base
@@ -420,15 +427,22 @@ def kb_search_stats(
     tasks = make_knowledge_base(seed=kb_seed, split="test")[1]
     n = min(n, len(tasks))  # each question at most once
     hops = {t.id: int(t.meta["hops"]) for t in tasks}
+    subject = {t.id: t.meta["gold_passage_ids"][0] for t in tasks}
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     collector = RolloutCollector(env_fn, PolicyMap.shared(policy), sampling)
-    episodes = collector.collect(list(range(n)), group_size=1, seed=seed).episodes
+    batch = collector.collect(list(range(n)), group_size=1, seed=seed)
+    episodes = batch.episodes
     two = [e for e in episodes if hops.get(e.task_id, 1) == 2]
+
+    def found(e: Any) -> bool:
+        return subject_retrieved(batch.events[e.episode_id], subject[e.task_id])
+
     return {
         "em": sum(e.correct for e in episodes) / max(1, len(episodes)),
         "tool_calls": sum(e.tool_calls for e in episodes) / max(1, len(episodes)),
         "premature": sum(e.event_types.count("search") <= 1 for e in two) / max(1, len(two)),
         "two_hop_em": sum(e.correct for e in two) / max(1, len(two)),
+        "subject_found": sum(found(e) for e in episodes) / max(1, len(episodes)),
         "questions": float(len(episodes)),
     }
 

@@ -132,3 +132,22 @@ def test_copy_spacing_teacher_names_tokenize_as_in_the_prompt(tiny_model_dir) ->
         ids = tok(name, add_special_tokens=False)["input_ids"]
         assert tuple(ids) in runs(prompt, len(ids)), f"{name!r} tokenizes unlike its prompt"
         assert tuple(ids) in runs(target, len(ids))
+
+
+def test_subject_retrieved_tells_a_team_that_found_the_subject_from_one_that_did_not() -> None:
+    """``kb_search_stats``' ``subject_found``: an oracle team retrieves every question's first-hop
+    passage, a team querying a word no passage holds never does."""
+    pytest.importorskip("pyserini")
+    import srpo_envs
+    from agents.scripted import ScriptedTeam
+    from learners.sft import subject_retrieved
+
+    env = srpo_envs.make("MultiTurnSearch-v0", split="test", dataset_size=6)
+    lost = ScriptedTeam.fixed({"searcher": "<search>qqzx</search>", "aggregator": "<answer>none</answer>"})
+    for team, expected in ((ScriptedTeam.search_oracle(env), True), (lost, False)):
+        for i in range(6):
+            obs, infos = env.reset(seed=i, options={"task_index": i})
+            while env.agents:
+                obs, _, _, _, infos = env.step(team.act(obs, infos))
+            first_hop = env.unwrapped.task.meta["gold_passage_ids"][0]
+            assert subject_retrieved(env.unwrapped.events, first_hop) is expected
