@@ -525,7 +525,9 @@ def quick_cmd(
         None, help="math warm start (default: the bundled mini-sft, else built from scratch)"
     ),
     search_model: Path | None = typer.Option(
-        None, help="search warm start (default: the bundled mini-search-sft, else built from scratch)"
+        None,
+        help="search warm start of quick-search (default: the bundled mini-search-worlds-sft, else built "
+        "from scratch)",
     ),
     columns_model: Path | None = typer.Option(
         None, help="column-addition warm start (default: the bundled mini-columns-sft, else built)"
@@ -587,7 +589,12 @@ def _quick_suites(
     results: dict[str, Any] = {}
     for name in names:
         env = TRAINING_ENVS[name]
-        given = {"math": model, "columns": columns_model, "search": search_model}[env.recipe]
+        given = {
+            "math": model,
+            "columns": columns_model,
+            "search": search_model,
+            "search-worlds": search_model,
+        }[env.recipe]
         warm = given or (
             env.bundled_model
             if (env.bundled_model / "config.json").exists()

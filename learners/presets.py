@@ -6,7 +6,7 @@ commands does (bfloat16 unless a pass sets ``save_dtype``). ``math`` builds ``ag
 on column addition, ending with a teacher that forgets the first carry in 40% of its solutions
 (``carry_slip``), a systematic error that RL removes on held-out problems too (the quick-columns
 suite); ``search`` builds ``mini-search-sft`` in the single invented world 0 (it memorises that world's
-facts: 0% on unseen worlds). ``search-worlds`` trains across 1,024 invented worlds (one drawn per
+facts: 0% on unseen worlds). ``search-worlds`` builds ``mini-search-worlds-sft`` across 1,024 invented worlds (one drawn per
 episode: a pass's 8,000 episodes ask ~8 of each world's ~850 training questions, so a fact rarely recurs
 and none can be memorised), with a
 tokenizer read from 16 of them, evaluates in worlds 1 and 2, which no pass trains in, and teaches a habit
@@ -59,5 +59,6 @@ RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
     "search-worlds": (
         {**_SEARCH, "steps": 2500},
         {**_SEARCH, "steps": 2500, "seed": 1, "lr": 1.5e-3, "save_dtype": "bfloat16"},
+        {**_SEARCH, "steps": 2500, "seed": 2, "lr": 1.5e-3, "save_dtype": "bfloat16"},
     ),
 }

@@ -148,9 +148,10 @@ def test_shipped_checkpoints_record_their_recipe() -> None:
         ("mini-sft", "math"),
         ("mini-columns-sft", "columns"),
         ("mini-search-sft", "search"),
+        ("mini-search-worlds-sft", "search-worlds"),
     ):
         report = json.loads((root / name / "sft_report.json").read_text())
-        assert report["config"]["domain"] == ("search" if recipe == "search" else "math")
+        assert report["config"]["domain"] == ("search" if recipe.startswith("search") else "math")
         assert report["config"]["save_dtype"] == "bfloat16"
         assert any(f"--recipe {recipe}" in line for line in report["how_to_regenerate"])
         last = json.loads(json.dumps(RECIPES[recipe][-1]))  # tuples as JSON lists

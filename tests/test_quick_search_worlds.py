@@ -19,7 +19,9 @@ def _rl_world() -> int:
 
 
 def test_quick_search_evaluates_in_worlds_neither_sft_nor_rl_trained_in() -> None:
-    sft_worlds = {w for stage in RECIPES["search"] for w in _training_worlds(SFTConfig(**stage))}
+    recipe = TRAINING_ENVS["quick-search"].recipe
+    assert recipe == "search-worlds"
+    sft_worlds = {w for stage in RECIPES[recipe] for w in _training_worlds(SFTConfig(**stage))}
     rl_world = _rl_world()
     assert rl_world == QUICK_SEARCH_TRAIN_KB_SEED
     assert _eval_worlds() and not _eval_worlds() & (sft_worlds | {rl_world})
