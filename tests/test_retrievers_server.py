@@ -645,8 +645,12 @@ def test_connections_on_a_handed_over_socket_have_nagle_off(backend, loop):
     if loop == "uvloop":
         pytest.importorskip("uvloop")
     config = _uvicorn_config(create_app(backend), "127.0.0.1", 0, "warning", 5.0, loop=loop)
-    sock = config.bind_socket()
-    assert sock.proto == 0  # how uvicorn binds it for its workers
+    # bound the way uvicorn <= 0.4x binds a socket for its workers (newer releases pass IPPROTO_TCP)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    assert sock.proto == 0
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
