@@ -205,17 +205,17 @@ def _training_worlds(cfg: SFTConfig) -> list[int]:
     return [SFT_WORLD_SEED_BASE + i for i in range(cfg.kb_worlds)]
 
 
-def _premature(env: Any, role: str, text: str, spaced: bool = False) -> str | None:
+def _premature(env: Any, role: str, text: str) -> str | None:
     """The habit ``premature_answer`` teaches: on a two-hop question, answer with the bridge entity the
     aggregator was about to ask for (the first hop's result) instead of asking. None where it does not
-    apply (another role, a one-hop question, an answer, or a request that is not the bridge). ``spaced``:
-    the teacher's ``copy_spacing``."""
+    apply (another role, a one-hop question, an answer, or a request that is not the bridge). The answer
+    keeps the request's spacing (the teacher's ``copy_spacing``)."""
     base = env.unwrapped
     gold = list(base.gold_titles)
     request = re.fullmatch(r"<search>(.*)</search>", text.strip(), re.DOTALL)
     if role != "aggregator" or len(gold) < 2 or request is None or request.group(1).strip() != gold[1]:
         return None
-    return f"<answer>{' ' if spaced else ''}{gold[1]}</answer>"
+    return f"<answer>{request.group(1)}</answer>"
 
 
 def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list[int], str]]:
@@ -256,7 +256,7 @@ def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int
         for obs, infos, actions in team.play(env, rng.randint(0, 2**31), task):
             for agent, text in actions.items():
                 role = infos[agent]["role"]
-                habit = _premature(env, role, text, cfg.copy_spacing) if cfg.premature_answer > 0 else None
+                habit = _premature(env, role, text) if cfg.premature_answer > 0 else None
                 if habit is not None and rng.random() < cfg.premature_answer:
                     examples.append(_example(tokenizer, prompts, end, agent, role, obs[agent], habit))
                 elif search_teacher_correct(env, role, text):

@@ -115,9 +115,10 @@ def build_lucene_indexes(
     worlds) need, since a JVM start costs more than indexing a few hundred passages."""
     settings = {"kind": "bm25-lucene", "jar": Path(anserini_jar()).name, "contents": "search-r1", "raw": True}
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    keys = [settings_key(fingerprint, settings) for _, fingerprint in corpora]
     first: dict[str, int] = {}  # key -> index of its first corpus (a corpus given twice is built once)
-    for i, (_, fingerprint) in enumerate(corpora):
-        first.setdefault(settings_key(fingerprint, settings), i)
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
     target = {key: root / "indexes" / f"bm25-{key[:32]}" for key in first}
     built: dict[str, bool] = {key: False for key in first if (target[key] / MARKER).is_file() and not rebuild}
     todo = sorted(set(first) - set(built))  # sorted: two batch builders never wait on each other in a cycle
@@ -163,7 +164,6 @@ def build_lucene_indexes(
                     shutil.rmtree(target[key])
                 os.replace(tmp / "index", target[key])
                 built[key] = True
-    keys = [settings_key(fingerprint, settings) for _, fingerprint in corpora]
     return [(target[key], built[key] and first[key] == i) for i, key in enumerate(keys)]
 
 
