@@ -645,7 +645,7 @@ def test_connections_on_a_handed_over_socket_have_nagle_off(backend, loop):
     if loop == "uvloop":
         pytest.importorskip("uvloop")
     config = _uvicorn_config(create_app(backend), "127.0.0.1", 0, "warning", 5.0, loop=loop)
-    # bound the way uvicorn <= 0.4x binds a socket for its workers (newer releases pass IPPROTO_TCP)
+    # bound with proto 0 here: uvicorn 0.55's own bind_socket passes IPPROTO_TCP, which would hide the case
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
