@@ -322,37 +322,56 @@ def _run_compare(
 
 
 def _train_overrides(
-    iterations: int,
-    tasks_per_iter: int,
-    group_size: int,
-    lr: float,
-    rows_per_batch: int,
+    suite: str,
+    iterations: int | None,
+    tasks_per_iter: int | None,
+    group_size: int | None,
+    lr: float | None,
+    rows_per_batch: int | None,
     *,
     epochs: int | None = None,
     minibatches_per_iter: int | None = None,
     clip_eps: float | None = None,
 ) -> dict[str, Any]:
-    """The shared ``TrainConfig`` overrides; ``epochs > 1`` or ``minibatches_per_iter > 1`` make the
-    updates off-policy (rho != 1 after the first step), which is where clipping and SRPO's set-level
-    ratio act. ``None`` keeps the quick (on-policy) preset."""
-    out: dict[str, Any] = {
-        **QUICK_TRAIN,
+    """The ``TrainConfig`` overrides every variant shares: the suite's ``bench quick`` settings
+    (:data:`benchmarks.presets.QUICK_SETTINGS`, so ``bench compare --suite S`` reproduces the main job's
+    S), else the on-policy quick preset; each option given replaces its preset value. ``epochs > 1`` or
+    ``minibatches_per_iter > 1`` make the updates off-policy (rho != 1 after the first step), which is
+    where clipping and SRPO's set-level ratio act."""
+    if suite in QUICK_SETTINGS:
+        out: dict[str, Any] = dict(QUICK_SETTINGS[suite]["train"])
+    else:
+        out = {**QUICK_TRAIN, "iterations": COMPARE_DEFAULTS["iterations"]}
+    if rows_per_batch is not None and minibatches_per_iter is None:
+        out.pop("minibatches_per_iter", None)  # an explicit minibatch size beats the preset's split
+    given = {
         "iterations": iterations,
         "tasks_per_iter": tasks_per_iter,
         "group_size": group_size,
         "lr": lr,
         "rows_per_batch": rows_per_batch,
+        "epochs": epochs,
+        "minibatches_per_iter": minibatches_per_iter,
+        "clip_eps": clip_eps,
     }
-    if epochs is not None:
-        out["epochs"] = epochs
-    if minibatches_per_iter is not None:
-        out["minibatches_per_iter"] = minibatches_per_iter
-    if clip_eps is not None:
-        out["clip_eps"] = clip_eps
+    out.update({k: v for k, v in given.items() if v is not None})
     return out
 
 
-_EPOCHS_HELP = "passes over each rollout batch (> 1: off-policy updates; default: the quick preset's 1)"
+def _eval_settings(suite: str, k: int | None, limit: int | None) -> tuple[int, int]:
+    """``--eval-k`` / ``--eval-limit`` as given, else the suite's ``bench quick`` eval, else
+    :func:`_eval_k`'s default and ``COMPARE_DEFAULTS["eval_limit"]``."""
+    quick = QUICK_SETTINGS.get(suite, {})
+    k = k if k is not None else quick.get("eval_k")
+    limit = limit if limit is not None else quick.get("eval_limit", COMPARE_DEFAULTS["eval_limit"])
+    return _eval_k(suite, k), int(limit)
+
+
+_PRESET_HELP = "default: the suite's bench quick setting (benchmarks/presets.py), else the quick preset"
+_EVAL_K_HELP = "eval samples per problem (default: the suite's bench quick k, else 16 for math suites, else 2)"
+_EVAL_LIMIT_HELP = "eval problems per dataset (default: the suite's bench quick limit, else 32)"
+_ROWS_HELP = "rows per minibatch (an iteration's rows / this = optimizer steps; replaces the preset's split)"
+_EPOCHS_HELP = "passes over each rollout batch (> 1: off-policy updates; default: the suite's preset)"
 _MINIBATCHES_HELP = "split each rollout batch into this many minibatches (overrides --rows-per-batch)"
 _CLIP_HELP = "ratio clip range shared by every variant (default: TrainConfig's 0.2)"
 _WORKERS_HELP = (
@@ -388,18 +407,13 @@ def compare_cmd(
     suite: str = typer.Option(
         "quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"
     ),
-    iterations: int = COMPARE_DEFAULTS["iterations"],
-    tasks_per_iter: int = QUICK_TRAIN["tasks_per_iter"],
-    group_size: int = QUICK_TRAIN["group_size"],
-    eval_k: int | None = typer.Option(
-        None, "--eval-k", "--k", min=1, help="eval samples per problem (default: 16 for math suites, else 2)"
-    ),
-    eval_limit: int = typer.Option(COMPARE_DEFAULTS["eval_limit"], "--eval-limit", "--limit", min=1),
-    lr: float = QUICK_TRAIN["lr"],
-    rows_per_batch: int = typer.Option(
-        QUICK_TRAIN["rows_per_batch"],
-        help="rows per minibatch (an iteration's rows / this = optimizer steps)",
-    ),
+    iterations: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
+    tasks_per_iter: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
+    group_size: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
+    eval_k: int | None = typer.Option(None, "--eval-k", "--k", min=1, help=_EVAL_K_HELP),
+    eval_limit: int | None = typer.Option(None, "--eval-limit", "--limit", min=1, help=_EVAL_LIMIT_HELP),
+    lr: float | None = typer.Option(None, min=0.0, help=_PRESET_HELP),
+    rows_per_batch: int | None = typer.Option(None, min=1, help=_ROWS_HELP),
     epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
     minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
     clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
@@ -414,6 +428,7 @@ def compare_cmd(
     if unknown:
         raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(ALGORITHMS)}")
     train = _train_overrides(
+        suite,
         iterations,
         tasks_per_iter,
         group_size,
@@ -430,8 +445,7 @@ def compare_cmd(
         _seeds(seeds),
         suite,
         train,
-        _eval_k(suite, eval_k),
-        eval_limit,
+        *_eval_settings(suite, eval_k, eval_limit),
         f"{suite}: algorithms",
         workers,
         ray_address,
@@ -446,18 +460,13 @@ def ablation_cmd(
     suite: str = typer.Option(
         "quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"
     ),
-    iterations: int = COMPARE_DEFAULTS["iterations"],
-    eval_k: int | None = typer.Option(
-        None, "--eval-k", "--k", min=1, help="eval samples per problem (default: 16 for math suites, else 2)"
-    ),
-    eval_limit: int = typer.Option(COMPARE_DEFAULTS["eval_limit"], "--eval-limit", "--limit", min=1),
-    lr: float = QUICK_TRAIN["lr"],
-    tasks_per_iter: int = QUICK_TRAIN["tasks_per_iter"],
-    group_size: int = QUICK_TRAIN["group_size"],
-    rows_per_batch: int = typer.Option(
-        QUICK_TRAIN["rows_per_batch"],
-        help="rows per minibatch (an iteration's rows / this = optimizer steps)",
-    ),
+    iterations: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
+    eval_k: int | None = typer.Option(None, "--eval-k", "--k", min=1, help=_EVAL_K_HELP),
+    eval_limit: int | None = typer.Option(None, "--eval-limit", "--limit", min=1, help=_EVAL_LIMIT_HELP),
+    lr: float | None = typer.Option(None, min=0.0, help=_PRESET_HELP),
+    tasks_per_iter: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
+    group_size: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
+    rows_per_batch: int | None = typer.Option(None, min=1, help=_ROWS_HELP),
     epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
     minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
     clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
@@ -468,6 +477,7 @@ def ablation_cmd(
     from benchmarks.presets import ABLATIONS
 
     train = _train_overrides(
+        suite,
         iterations,
         tasks_per_iter,
         group_size,
@@ -484,8 +494,7 @@ def ablation_cmd(
         _seeds(seeds),
         suite,
         train,
-        _eval_k(suite, eval_k),
-        eval_limit,
+        *_eval_settings(suite, eval_k, eval_limit),
         "SRPO normalisation ablation",
         workers,
         ray_address,

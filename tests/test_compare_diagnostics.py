@@ -62,5 +62,35 @@ def test_ablation_and_compare_pass_off_policy_settings(monkeypatch) -> None:  # 
     for train in seen:
         assert (train["epochs"], train["minibatches_per_iter"], train["clip_eps"]) == (3, 2, 0.1)
         assert (train["tasks_per_iter"], train["group_size"]) == (5, 6)
-    res = CliRunner().invoke(cli.app, ["ablation", "--model", "m", "--suite", "quick-columns", "--eval-k", "2"])
-    assert "epochs" in seen[-1] and seen[-1]["epochs"] == 1 and "minibatches_per_iter" not in seen[-1]
+
+
+def test_compare_defaults_are_the_suites_bench_quick_settings(monkeypatch) -> None:  # noqa: ANN001
+    """``bench compare --suite S`` with no options trains and evaluates as ``bench quick`` does for S;
+    a suite ``bench quick`` does not run gets the on-policy quick preset; given options win."""
+    from typer.testing import CliRunner
+
+    import benchmarks.cli as cli
+    from benchmarks.presets import COMPARE_DEFAULTS, QUICK_SETTINGS, QUICK_TRAIN
+
+    seen: list[tuple] = []
+    monkeypatch.setattr(cli, "_run_compare", lambda *a, **kw: seen.append((a[5], a[6], a[7])))
+
+    def run(*args: str) -> tuple:
+        res = CliRunner().invoke(cli.app, ["compare", "--model", "m", *args])
+        assert res.exit_code == 0, res.output
+        return seen[-1]
+
+    for suite in ("quick-columns", "quick-search"):
+        quick = QUICK_SETTINGS[suite]
+        assert run("--suite", suite) == (quick["train"], quick["eval_k"], quick["eval_limit"])
+        assert quick["train"]["minibatches_per_iter"] == 2  # off-policy, as the main job runs it
+    assert run("--suite", "math") == (
+        {**QUICK_TRAIN, "iterations": COMPARE_DEFAULTS["iterations"]}, 16, COMPARE_DEFAULTS["eval_limit"]
+    )
+    train, k, limit = run("--suite", "quick-columns", "--rows-per-batch", "64", "--iterations", "2",
+                          "--eval-k", "3", "--eval-limit", "5")
+    assert (train["rows_per_batch"], train["iterations"], k, limit) == (64, 2, 3, 5)
+    assert "minibatches_per_iter" not in train  # an explicit minibatch size replaces the preset's split
+    ablation = CliRunner().invoke(cli.app, ["ablation", "--model", "m", "--suite", "quick-columns"])
+    assert ablation.exit_code == 0, ablation.output
+    assert seen[-1][0] == QUICK_SETTINGS["quick-columns"]["train"]
