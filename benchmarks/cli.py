@@ -368,7 +368,9 @@ def _eval_settings(suite: str, k: int | None, limit: int | None) -> tuple[int, i
 
 
 _PRESET_HELP = "default: the suite's bench quick setting (benchmarks/presets.py), else the quick preset"
-_EVAL_K_HELP = "eval samples per problem (default: the suite's bench quick k, else 16 for math suites, else 2)"
+_EVAL_K_HELP = (
+    "eval samples per problem (default: the suite's bench quick k, else 16 for math suites, else 2)"
+)
 _EVAL_LIMIT_HELP = "eval problems per dataset (default: the suite's bench quick limit, else 32)"
 _ROWS_HELP = "rows per minibatch (an iteration's rows / this = optimizer steps; replaces the preset's split)"
 _EPOCHS_HELP = "passes over each rollout batch (> 1: off-policy updates; default: the suite's preset)"

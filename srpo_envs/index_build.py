@@ -108,14 +108,6 @@ def _write_shards(corpus: Path, out: Path, batch_size: int, progress: bool) -> t
     return h.hexdigest(), n, shards
 
 
-def _bm25_settings() -> dict[str, Any]:
-    """The settings :func:`srpo_envs.retrievers.bm25.build_lucene_index` keys its cache by (kept equal:
-    the slow test checks that the retriever reuses this build instead of indexing again)."""
-    from srpo_envs.retrievers.jvm import anserini_jar
-
-    return {"kind": "bm25-lucene", "jar": Path(anserini_jar()).name, "contents": "search-r1", "raw": True}
-
-
 def _dense_encoder(model: str | None, max_seq_length: int = 256) -> tuple[Any, dict[str, Any]]:
     """The encoder and cache settings :class:`srpo_envs.retrievers.dense.DenseRetriever` uses."""
     from sentence_transformers import SentenceTransformer
@@ -137,9 +129,10 @@ def _dense_encoder(model: str | None, max_seq_length: int = 256) -> tuple[Any, d
 
 
 def _build_bm25(out: Path, fingerprint: str, n: int, threads: int, say: Callable[[str], None]) -> Path:
-    from srpo_envs.retrievers.bm25 import MARKER, run_lucene_indexer
+    from srpo_envs.retrievers.bm25 import MARKER, lucene_settings, publish_lucene_index, run_lucene_indexer
 
-    key = settings_key(fingerprint, _bm25_settings())
+    settings = lucene_settings()
+    key = settings_key(fingerprint, settings)
     target = out / "indexes" / f"bm25-{key[:32]}"
     with file_lock(out / "indexes" / f".bm25-{key[:32]}.lock"):
         if (target / MARKER).is_file():
@@ -150,20 +143,16 @@ def _build_bm25(out: Path, fingerprint: str, n: int, threads: int, say: Callable
             say(f"Lucene indexing {n} passages with {threads} threads ...")
             t0 = time.perf_counter()
             (num_docs,) = run_lucene_indexer([(out / "shards", tmp / "index")], threads)
-            if num_docs != n:
-                raise RuntimeError(f"Lucene indexed {num_docs} of {n} passages")
-            info = {
-                "corpus_sha256": fingerprint,
-                "key": key,
-                "settings": _bm25_settings(),
-                "num_docs": num_docs,
-                "build_seconds": round(time.perf_counter() - t0, 3),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
-            atomic_write_text(tmp / "index" / MARKER, json.dumps(info, indent=2))
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp / "index", target)
+            publish_lucene_index(
+                tmp / "index",
+                target,
+                fingerprint=fingerprint,
+                key=key,
+                settings=settings,
+                num_docs=num_docs,
+                expected=n,
+                seconds=time.perf_counter() - t0,
+            )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -11,10 +11,22 @@ from benchmarks.compare import k_counts_of, run_diagnostics
 from benchmarks.report import plot_k_over_training
 
 METRICS = [
-    {"iteration": 1, "actor/clip_frac": 0.1, "actor/mean_abs_log_ratio": 0.02, "actor/approx_kl": 1e-4,
-     "rollout/mean_k": 1.5, "rollout/k_hist": {"1": 2, "2": 2}},
-    {"iteration": 2, "actor/clip_frac": 0.3, "actor/mean_abs_log_ratio": 0.04, "actor/approx_kl": 3e-4,
-     "rollout/mean_k": 2.5, "rollout/k_hist": {"2": 2, "3": 2}},
+    {
+        "iteration": 1,
+        "actor/clip_frac": 0.1,
+        "actor/mean_abs_log_ratio": 0.02,
+        "actor/approx_kl": 1e-4,
+        "rollout/mean_k": 1.5,
+        "rollout/k_hist": {"1": 2, "2": 2},
+    },
+    {
+        "iteration": 2,
+        "actor/clip_frac": 0.3,
+        "actor/mean_abs_log_ratio": 0.04,
+        "actor/approx_kl": 3e-4,
+        "rollout/mean_k": 2.5,
+        "rollout/k_hist": {"2": 2, "3": 2},
+    },
 ]
 
 
@@ -53,8 +65,24 @@ def test_ablation_and_compare_pass_off_policy_settings(monkeypatch) -> None:  # 
 
     seen: list[dict] = []
     monkeypatch.setattr(cli, "_run_compare", lambda *a, **kw: seen.append(a[5]))
-    args = ["--model", "m", "--suite", "quick-columns", "--epochs", "3", "--minibatches-per-iter", "2",
-            "--clip-eps", "0.1", "--tasks-per-iter", "5", "--group-size", "6", "--eval-k", "2"]
+    args = [
+        "--model",
+        "m",
+        "--suite",
+        "quick-columns",
+        "--epochs",
+        "3",
+        "--minibatches-per-iter",
+        "2",
+        "--clip-eps",
+        "0.1",
+        "--tasks-per-iter",
+        "5",
+        "--group-size",
+        "6",
+        "--eval-k",
+        "2",
+    ]
     for cmd in (["ablation"], ["compare", "--algos", "srpo,gspo"]):
         res = CliRunner().invoke(cli.app, [*cmd, *args])
         assert res.exit_code == 0, res.output
@@ -85,10 +113,22 @@ def test_compare_defaults_are_the_suites_bench_quick_settings(monkeypatch) -> No
         assert run("--suite", suite) == (quick["train"], quick["eval_k"], quick["eval_limit"])
         assert quick["train"]["minibatches_per_iter"] == 2  # off-policy, as the main job runs it
     assert run("--suite", "math") == (
-        {**QUICK_TRAIN, "iterations": COMPARE_DEFAULTS["iterations"]}, 16, COMPARE_DEFAULTS["eval_limit"]
+        {**QUICK_TRAIN, "iterations": COMPARE_DEFAULTS["iterations"]},
+        16,
+        COMPARE_DEFAULTS["eval_limit"],
     )
-    train, k, limit = run("--suite", "quick-columns", "--rows-per-batch", "64", "--iterations", "2",
-                          "--eval-k", "3", "--eval-limit", "5")
+    train, k, limit = run(
+        "--suite",
+        "quick-columns",
+        "--rows-per-batch",
+        "64",
+        "--iterations",
+        "2",
+        "--eval-k",
+        "3",
+        "--eval-limit",
+        "5",
+    )
     assert (train["rows_per_batch"], train["iterations"], k, limit) == (64, 2, 3, 5)
     assert "minibatches_per_iter" not in train  # an explicit minibatch size replaces the preset's split
     ablation = CliRunner().invoke(cli.app, ["ablation", "--model", "m", "--suite", "quick-columns"])

@@ -137,6 +137,30 @@ def test_unmarked_index_dir_is_rebuilt(tmp_path):
     assert not [p for p in (tmp_path / "indexes").iterdir() if p.name.startswith(".build-")]
 
 
+def test_an_index_missing_documents_is_never_published(tmp_path):
+    """Both builders (the retriever's cache and ``srpo index build``) publish through one function: a
+    short document count raises and leaves the published index as it was."""
+    from srpo_envs.retrievers.bm25 import publish_lucene_index
+
+    published = BM25Retriever(CORPUS[:4], cache_dir=tmp_path)
+    published.close()
+    before = (published.index_dir / MARKER).read_text()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    with pytest.raises(RuntimeError, match="indexed 3 of 4 passages"):
+        publish_lucene_index(
+            fresh,
+            published.index_dir,
+            fingerprint="f",
+            key="k",
+            settings={},
+            num_docs=3,
+            expected=4,
+            seconds=0.0,
+        )
+    assert (published.index_dir / MARKER).read_text() == before and fresh.is_dir()
+
+
 def test_closed_retriever_refuses_to_search(cache):
     r = BM25Retriever(CORPUS, cache_dir=cache)  # cached index: no rebuild
     r.close()
@@ -231,7 +255,9 @@ def test_many_corpora_index_in_one_indexer_process(tmp_path, monkeypatch):
 
     calls = []
     real = bm25_mod.run_lucene_indexer
-    monkeypatch.setattr(bm25_mod, "run_lucene_indexer", lambda jobs, t: calls.append(len(jobs)) or real(jobs, t))
+    monkeypatch.setattr(
+        bm25_mod, "run_lucene_indexer", lambda jobs, t: calls.append(len(jobs)) or real(jobs, t)
+    )
     corpora = [CORPUS[:3], CORPUS[3:], CORPUS[:3], CORPUS]
     BM25Retriever(CORPUS, cache_dir=tmp_path).close()  # already cached before the batch
     calls.clear()
@@ -244,7 +270,9 @@ def test_many_corpora_index_in_one_indexer_process(tmp_path, monkeypatch):
         assert not r.index_built and r.index_dir == index_dir
         assert [h.id for h in r.search([corpus[0].title], 1)[0]] == [corpus[0].id]
         r.close()
-    assert bm25_mod.build_lucene_indexes([(c, corpus_fingerprint(c)) for c in corpora], tmp_path)[1][1] is False
+    assert (
+        bm25_mod.build_lucene_indexes([(c, corpus_fingerprint(c)) for c in corpora], tmp_path)[1][1] is False
+    )
     assert calls == [2]
     assert not [p for p in (tmp_path / "indexes").iterdir() if p.name.startswith(".build-")]
 

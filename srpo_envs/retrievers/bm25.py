@@ -85,6 +85,43 @@ def run_lucene_indexer(jobs: Sequence[tuple[Path, Path]], threads: int) -> list[
     return [counts[str(d)] for _, d in jobs]
 
 
+def lucene_settings() -> dict[str, Any]:
+    """What a Lucene index's cache key covers besides the corpus: the Anserini jar and the document
+    layout (Search-R1's ``contents``, raw JSON stored). ``srpo index build`` keys by the same, so a
+    retriever reuses its index."""
+    return {"kind": "bm25-lucene", "jar": Path(anserini_jar()).name, "contents": "search-r1", "raw": True}
+
+
+def publish_lucene_index(
+    index: Path,
+    target: Path,
+    *,
+    fingerprint: str,
+    key: str,
+    settings: dict[str, Any],
+    num_docs: int,
+    expected: int,
+    seconds: float,
+) -> None:
+    """Mark the freshly built ``index`` (its :data:`MARKER`) and move it to ``target`` with one
+    ``os.replace``; the caller holds ``target``'s file lock. An index missing documents is an error and
+    is never published."""
+    if num_docs != expected:
+        raise RuntimeError(f"Lucene indexed {num_docs} of {expected} passages")
+    info = {
+        "corpus_sha256": fingerprint,
+        "key": key,
+        "settings": settings,
+        "num_docs": num_docs,
+        "build_seconds": round(seconds, 3),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_text(index / MARKER, json.dumps(info, indent=2))
+    if target.exists():  # a stale (unmarked) dir or an explicit rebuild
+        shutil.rmtree(target)
+    os.replace(index, target)
+
+
 def build_lucene_index(
     passages: Sequence[Passage],
     fingerprint: str,
@@ -113,7 +150,7 @@ def build_lucene_indexes(
     """:func:`build_lucene_index` for many ``(passages, fingerprint)`` corpora, missing ones built by
     one indexer process per :data:`INDEXER_BATCH`: what many small corpora (a warm start's invented
     worlds) need, since a JVM start costs more than indexing a few hundred passages."""
-    settings = {"kind": "bm25-lucene", "jar": Path(anserini_jar()).name, "contents": "search-r1", "raw": True}
+    settings = lucene_settings()
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     keys = [settings_key(fingerprint, settings) for _, fingerprint in corpora]
     first: dict[str, int] = {}  # key -> index of its first corpus (a corpus given twice is built once)
@@ -149,20 +186,16 @@ def build_lucene_indexes(
             seconds = (time.perf_counter() - t0) / max(1, len(jobs))
             for (key, tmp), num_docs in zip(jobs.items(), counts, strict=True):
                 passages, fingerprint = corpora[first[key]]
-                if num_docs != len(passages):
-                    raise RuntimeError(f"Lucene indexed {num_docs} of {len(passages)} passages")
-                info = {
-                    "corpus_sha256": fingerprint,
-                    "key": key,
-                    "settings": settings,
-                    "num_docs": num_docs,
-                    "build_seconds": round(seconds, 3),
-                    "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                }
-                atomic_write_text(tmp / "index" / MARKER, json.dumps(info, indent=2))
-                if target[key].exists():  # a stale (unmarked) dir or an explicit rebuild
-                    shutil.rmtree(target[key])
-                os.replace(tmp / "index", target[key])
+                publish_lucene_index(
+                    tmp / "index",
+                    target[key],
+                    fingerprint=fingerprint,
+                    key=key,
+                    settings=settings,
+                    num_docs=num_docs,
+                    expected=len(passages),
+                    seconds=seconds,
+                )
                 built[key] = True
     return [(target[key], built[key] and first[key] == i) for i, key in enumerate(keys)]
 
