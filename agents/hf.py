@@ -11,7 +11,7 @@ one RNG stream and one set of sampling settings per call. The loop here is the c
 ``generate`` does -- a left-padded prefill that computes only the last position's logits, then one
 token per step against a ``DynamicCache`` -- plus one thing ``generate`` does not do: rows that finished
 are dropped from the batch and the cache once a quarter of the batch is done (rollouts have very
-uneven lengths). ``benchmarks/bench_generate.py`` measures it against ``model.generate``.
+uneven lengths). ``benchmarks/perf/bench_generate.py`` measures it against ``model.generate``.
 
 Sampling is inverse-CDF with uniforms drawn up front per request (``torch.Generator(seed)`` when the
 request has a seed, the global torch RNG otherwise), so the draw for request *i* at step *t* does not
@@ -433,7 +433,7 @@ class HFPolicy:
         layout, positions and mask as in the full prefill, and the per-request uniforms are untouched:
         the sampled tokens do not change. Log-probs agree to float rounding (a CPU GEMM may round a
         2-row LM head differently from an 8-row one; ``tests/test_hf_prefix.py``); the shipped warm
-        start's rollouts hash bit-identical (``python -m benchmarks.fingerprint``).
+        start's rollouts hash bit-identical (``python -m benchmarks.perf.fingerprint``).
         """
         first: dict[tuple[int, ...], int] = {}
         source = [first.setdefault(tuple(p), j) for j, p in enumerate(prompts)]

@@ -244,6 +244,7 @@ def eval_cmd(
             typer.echo("a leaderboard record holds one seed: writing it for the first seed only")
             result = results[0]
     if algorithm is not None:
+        from benchmarks.evidence import record_evidence
         from leaderboards.schema import dump_record_json
         from srpo_common import atomic_write_text
 
@@ -251,7 +252,7 @@ def eval_cmd(
             algorithm,
             model_id=model_id or model_dir.resolve().name,
             weights_sha256=weights,
-            evidence_dir=out_dir,
+            **record_evidence([result], out_dir),
         )
         path = atomic_write_text(out_dir / "record.json", dump_record_json(record))
         typer.echo(f"wrote {path} ({record.short_hash})")

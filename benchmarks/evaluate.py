@@ -138,16 +138,16 @@ class EvalResult:
         model_id: str | None = None,
         weights_sha256: str | None = None,
         name: str | None = None,
-        evidence_dir: str | Path | None = None,
         **kwargs: Any,
     ) -> LeaderboardRecord:
         """A validated, hashed :class:`leaderboards.schema.LeaderboardRecord` of this result.
 
         ``kwargs`` go to :func:`leaderboards.schema.make_record` (``date``, ``weights_path``,
         ``version``, ``commit``...). The record's macro is recomputed there as the plain mean over
-        datasets, which is what its validator checks. With ``evidence_dir`` the per-sample evidence
-        file is written under ``evidence_dir/samples/`` and the record points to it by sha256
-        (:func:`benchmarks.evidence.record_evidence`), so ``srpo leaderboard validate`` can regrade it.
+        datasets, which is what its validator checks. For a record that points to its per-sample evidence
+        (so ``srpo leaderboard validate`` can regrade it), pass the fields
+        :func:`benchmarks.evidence.record_evidence` returns: ``to_record(..., **record_evidence([r], out))``
+        (evidence builds on this module, not the reverse: the import-linter contract in pyproject.toml).
         """
         from leaderboards.schema import make_record
 
@@ -156,10 +156,6 @@ class EvalResult:
         corpus = self.run_info.get("corpus") or {}
         kwargs.setdefault("version", self.run_info.get("package_version"))
         kwargs.setdefault("commit", self.run_info.get("git_commit"))
-        if evidence_dir is not None:
-            from benchmarks.evidence import record_evidence
-
-            kwargs.update(record_evidence([self], evidence_dir))
         kwargs.setdefault("metrics", self.record_metrics())
         kwargs.setdefault("seeds", [int(self.run_info["config"]["seed"])])
         return make_record(

@@ -111,7 +111,7 @@ QUICK_TRAIN: dict[str, Any] = {
 #: six runs (its RL gains on held-out questions) take longer than the whole default job (see the README).
 QUICK_SUITES: tuple[str, ...] = ("quick-columns", "quick-columns-routed")
 #: ``bench quick`` trains this many runs at a time as Ray tasks (cores split between them); 0: one at a
-#: time in this process. Measured on 2 cores (``benchmarks.bench_memory``): in-process 397 s and 1.74 GB
+#: time in this process. Measured on 2 cores (``benchmarks.perf.bench_memory``): in-process 397 s and 1.74 GB
 #: for the whole job, 2 workers 387 s and 3.62 GB (each run takes twice as long on one thread), so the
 #: default stays one process; workers pay off with more cores or a Ray cluster.
 QUICK_WORKERS = 0
@@ -125,7 +125,7 @@ _COLUMNS_TRAIN: dict[str, Any] = {
     "group_size": 8,
     "minibatches_per_iter": 2,
     "lr": 1e-4,
-    # the update as bench_iteration recommends: prefix-tree forward, memory bounded by a token budget
+    # the update as perf.bench_iteration recommends: prefix-tree forward, memory bounded by a token budget
     "prefix_tree": True,
     "max_tokens_per_microbatch": 4096,
 }

@@ -70,7 +70,7 @@ def serve_retriever(
         min=1,
         help="Server processes on one port, each with its own retriever (JVM) and search thread. "
         "More than 1 spreads HTTP work and searches over cores (one worker keeps ~1.3 cores busy: "
-        "on 2 cores 2 workers served 1.5x one, benchmarks/bench_server.py); memory grows per worker.",
+        "on 2 cores 2 workers served 1.5x one, benchmarks/perf/bench_server.py); memory grows per worker.",
     ),
     log_level: str = typer.Option("info", help="uvicorn log level."),
     idle_timeout: float = typer.Option(

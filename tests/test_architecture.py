@@ -65,6 +65,12 @@ CYCLES = [
         "import benchmarks.report",
         "leaderboards is not allowed to import benchmarks",
     ),
+    # benchmarks.evaluate <-> benchmarks.evidence (the old EvalResult.to_record(evidence_dir=...))
+    (
+        "benchmarks/evaluate.py",
+        "from benchmarks.evidence import record_evidence",
+        "benchmarks.evaluate is not allowed to import benchmarks.evidence",
+    ),
 ]
 
 

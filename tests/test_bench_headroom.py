@@ -1,4 +1,4 @@
-"""The team breakdown behind benchmarks/bench_headroom.py, on a policy double with known answers."""
+"""The team breakdown behind benchmarks/perf/bench_headroom.py, on a policy double with known answers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import srpo_envs
 from agents.policy import Generation, GenerationRequest, PolicyMap
 from agents.rollout import RolloutCollector
-from benchmarks.bench_headroom import team_breakdown
+from benchmarks.perf.bench_headroom import team_breakdown
 
 
 class VotingPolicy:

@@ -1,10 +1,10 @@
-"""benchmarks.bench_memory counts every process of a job, unlike ``/usr/bin/time``'s largest child."""
+"""benchmarks.perf.bench_memory counts every process of a job, unlike ``/usr/bin/time``'s largest child."""
 
 from __future__ import annotations
 
 import sys
 
-from benchmarks.bench_memory import measure
+from benchmarks.perf.bench_memory import measure
 
 
 def test_memory_of_a_job_includes_its_children() -> None:

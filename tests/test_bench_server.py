@@ -1,4 +1,4 @@
-"""benchmarks/bench_server's wrk client: every bad answer is counted, and bodies reach the server intact."""
+"""benchmarks/perf/bench_server's wrk client: every bad answer is counted, and bodies reach the server intact."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from benchmarks.bench_server import _lua_string, wrk_load_test
+from benchmarks.perf.bench_server import _lua_string, wrk_load_test
 
 pytestmark = pytest.mark.skipif(
     shutil.which("wrk") is None, reason="wrk not on PATH (install.sh installs it)"

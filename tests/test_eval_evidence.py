@@ -207,6 +207,7 @@ def test_reproduce_a_tiny_genuine_eval(tmp_path) -> None:
     """``srpo leaderboard reproduce`` re-generates samples with the shipped tiny model: exact on CPU;
     a model with other weights is refused."""
     from agents.hf import HFPolicy
+    from benchmarks.evidence import record_evidence
     from srpo_common import weights_sha256
 
     model = CHECKPOINTS / "mini-sft"
@@ -223,7 +224,7 @@ def test_reproduce_a_tiny_genuine_eval(tmp_path) -> None:
         datasets=["arith-d1"],
     )
     rec = result.to_record(
-        "sft", model_id="mini-sft", weights_sha256=weights_sha256(model), evidence_dir=tmp_path
+        "sft", model_id="mini-sft", weights_sha256=weights_sha256(model), **record_evidence([result], tmp_path)
     )
     path = tmp_path / "record.json"
     path.write_text(dump_record_json(rec))

@@ -52,7 +52,7 @@ def test_prefill_once_per_prompt_and_rows_identical(tiny_model_dir) -> None:
     assert with_sharing == without  # identical tokens, texts, finish reasons
     # Log-probs: the same computation on fewer rows. CPU GEMM kernels may round a 2-row LM head
     # differently from an 8-row one (an ulp), as row pruning mid-decode already does; the shipped
-    # warm start's rollouts hash bit-identical (python -m benchmarks.fingerprint).
+    # warm start's rollouts hash bit-identical (python -m benchmarks.perf.fingerprint).
     diffs = [
         abs(a - b) for xs, ys in zip(lp_with, lp_without, strict=True) for a, b in zip(xs, ys, strict=True)
     ]

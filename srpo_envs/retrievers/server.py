@@ -421,7 +421,7 @@ def create_app(
     requests merged into one backend call by the single search thread; ``max_pending`` = requests
     admitted (searching + waiting) before new ones get 503.
 
-    ``batching=False`` is the old path, kept to measure against (``benchmarks/bench_server.py``)
+    ``batching=False`` is the old path, kept to measure against (``benchmarks/perf/bench_server.py``)
     and for backends that are thread-safe without a lock: each request is its own backend call on
     a pool of ``max_concurrency`` threads. BM25 then serialises those calls on its JVM lock.
 

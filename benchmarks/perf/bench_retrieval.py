@@ -13,7 +13,7 @@
 3. Throughput of BM25 called directly (one batch; one query per call) vs through the server
    (a separate process on loopback, via RemoteRetriever: one query per request; batches).
 
-    python -m benchmarks.bench_retrieval [--cache-dir DIR] [--skip-dense] [--dense-full]
+    python -m benchmarks.perf.bench_retrieval [--cache-dir DIR] [--skip-dense] [--dense-full]
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def rate(fn, n: int, repeats: int = 3) -> float:
 
 
 def throughput(bm25: BM25Retriever, questions: list[str], args: argparse.Namespace) -> None:
-    from benchmarks.bench_server import running_server
+    from benchmarks.perf.bench_server import running_server
     from srpo_envs.retrievers import RemoteRetriever
 
     n = len(questions)

@@ -1,6 +1,6 @@
 """Search env with scripted teams: oracle searchers (query gold titles) vs random queries, per dataset.
 
-    python -m benchmarks.bench_search_env [--limit 500]
+    python -m benchmarks.perf.bench_search_env [--limit 500]
 
 Prints exact match / F1 of the oracle-searcher team and of the random team on every bundled QA set
 whose evidence is in the corpus, plus the procedural knowledge base, and env steps/second.

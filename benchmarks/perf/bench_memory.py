@@ -1,7 +1,7 @@
 """Peak memory of a whole job, every process it starts included: wall time, largest RSS, summed PSS.
 
-    python -m benchmarks.bench_memory -- srpo bench quick --out /tmp/quick
-    python -m benchmarks.bench_memory --interval 0.5 -- srpo bench quick --workers 0 --out /tmp/quick0
+    python -m benchmarks.perf.bench_memory -- srpo bench quick --out /tmp/quick
+    python -m benchmarks.perf.bench_memory --interval 0.5 -- srpo bench quick --workers 0 --out /tmp/quick0
 
 Why not ``/usr/bin/time -v``: its "maximum resident set size" is the largest of the command and the
 children it waited for, and Ray's workers are children of Ray's raylet, not of the command, so a job

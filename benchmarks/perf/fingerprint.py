@@ -5,7 +5,7 @@ a shipped warm start with fixed seeds and prints one sha256 per algorithm for (a
 (the fields learners consume), (b) the metrics each iteration logs (timings excluded) and (c) the final
 weights. Run it before and after a change; identical lines mean bit-identical behaviour on this CPU.
 
-    python -m benchmarks.fingerprint [--algos srpo,grpo,mappo] [--json out.json]
+    python -m benchmarks.perf.fingerprint [--algos srpo,grpo,mappo] [--json out.json]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ ROW_FIELDS = (
     "group_id", "reward", "outcome_reward", "correct", "state_text", "response_text",
 )  # fmt: skip
 TIMING_KEYS = ("rollout_s", "update_s")
-MODEL = Path(__file__).resolve().parents[1] / "agents" / "checkpoints" / "mini-columns-sft"
+MODEL = Path(__file__).resolve().parents[2] / "agents" / "checkpoints" / "mini-columns-sft"
 
 
 def fingerprint(algo: str, model: str | Path = MODEL) -> dict[str, str]:

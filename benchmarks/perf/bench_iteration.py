@@ -1,8 +1,8 @@
 """One RL iteration at the issue-16 scale: time per 1k generated tokens (rollout, update, total), peak RSS.
 
-    python -m benchmarks.bench_iteration                      # srpo, mini-sft, 16 tasks x G=8 = 512 rows
-    python -m benchmarks.bench_iteration --no-share-prefix    # the same without shared-prefix prefill
-    python -m benchmarks.bench_iteration --set prefix_tree=false --set max_tokens_per_microbatch=null
+    python -m benchmarks.perf.bench_iteration                      # srpo, mini-sft, 16 tasks x G=8 = 512 rows
+    python -m benchmarks.perf.bench_iteration --no-share-prefix    # the same without shared-prefix prefill
+    python -m benchmarks.perf.bench_iteration --set prefix_tree=false --set max_tokens_per_microbatch=null
                                                               # the per-row path, one micro-batch (any field)
 
 Settings: :data:`RECOMMENDED` (the project's recommended update: a prefix-tree forward,
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODEL = Path(__file__).resolve().parents[1] / "agents" / "checkpoints" / "mini-sft"
+MODEL = Path(__file__).resolve().parents[2] / "agents" / "checkpoints" / "mini-sft"
 QUICK_MATH_ENV = {
     "difficulty": [1, 2],
     "max_operand": 9,
@@ -145,7 +145,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _child(args: argparse.Namespace, share: bool) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "benchmarks.bench_iteration", "--child", *_forward(args)]
+    cmd = [sys.executable, "-m", "benchmarks.perf.bench_iteration", "--child", *_forward(args)]
     cmd.append("--share-prefix" if share else "--no-share-prefix")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=Path.cwd())
     return json.loads(out.stdout.strip().splitlines()[-1])

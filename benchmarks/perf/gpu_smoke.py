@@ -8,8 +8,8 @@ mismatch (``rollout/logprob_abs_diff``, ``rollout/kl``). It imports on a CPU-onl
 touches CUDA before :func:`main`) and exits with a clear message when there is no GPU, or skips the
 vLLM backend when vLLM is not installed.
 
-    python -m benchmarks.gpu_smoke --iterations 3
-    python -m benchmarks.gpu_smoke --model Qwen/Qwen2.5-0.5B-Instruct --iterations 2   # a real model
+    python -m benchmarks.perf.gpu_smoke --iterations 3
+    python -m benchmarks.perf.gpu_smoke --model Qwen/Qwen2.5-0.5B-Instruct --iterations 2   # a real model
 """
 
 from __future__ import annotations

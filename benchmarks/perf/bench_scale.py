@@ -12,7 +12,7 @@ Prints (and writes ``--out`` as JSON):
 
 On a 2-core machine two workers cannot beat one by much: the numbers show the overhead honestly.
 
-    python -m benchmarks.bench_scale --model agents/checkpoints/mini-columns-sft --iters 3
+    python -m benchmarks.perf.bench_scale --model agents/checkpoints/mini-columns-sft --iters 3
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def bench_learner(model: str, tasks: int, group: int, reps: int, threads: int, m
             result = Path(tmp) / f"learner{n}.json"
             cmd = [
                 sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                "-m", "benchmarks.bench_scale", "--learner-worker", model, rows_file, str(reps), str(threads),
+                "-m", "benchmarks.perf.bench_scale", "--learner-worker", model, rows_file, str(reps), str(threads),
                 str(result),
             ]  # fmt: skip
             subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})

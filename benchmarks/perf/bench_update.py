@@ -13,8 +13,8 @@ headline ratio: the median over repeats of the paired per-repeat ratio, which is
 checked against (robust on a shared CPU). A "head" column times the two loss functions alone
 (forward + backward) on fixed ``[R, T]`` log-probs to show the loss's own overhead.
 
-    python benchmarks/bench_update.py            # --quick (default), < 60 s on 2 CPU cores
-    python benchmarks/bench_update.py --full     # more rows and repeats
+    python -m benchmarks.perf.bench_update           # --quick (default), < 60 s on 2 CPU cores
+    python -m benchmarks.perf.bench_update --full    # more rows and repeats
 """
 
 from __future__ import annotations

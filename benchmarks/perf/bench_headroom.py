@@ -1,8 +1,8 @@
 """Where a proposers -> aggregator math team loses accuracy, and so what RL could still win on held-out.
 
-    python -m benchmarks.bench_headroom                       # the bundled warm start, ~1 min
-    python -m benchmarks.bench_headroom --model A --model B   # e.g. before/after a training run
-    python -m benchmarks.bench_headroom --dataset procedural-columns   # the column-addition warm start
+    python -m benchmarks.perf.bench_headroom                       # the bundled warm start, ~1 min
+    python -m benchmarks.perf.bench_headroom --model A --model B   # e.g. before/after a training run
+    python -m benchmarks.perf.bench_headroom --dataset procedural-columns   # the column-addition warm start
 
 For each model, split (train/test) and difficulty it rolls the team out on ProcArith with several
 evaluation seeds and prints, as mean ± std over seeds:

@@ -1,7 +1,7 @@
 """Shared-prefix update forward vs the per-row forward: time and activation memory of forward + backward.
 
-    python -m benchmarks.bench_prefix [--forward-rows 64] [--repeats 3]
-    python -m benchmarks.bench_prefix --generation [--threads 1]   # prefill sharing in HFPolicy.generate
+    python -m benchmarks.perf.bench_prefix [--forward-rows 64] [--repeats 3]
+    python -m benchmarks.perf.bench_prefix --generation [--threads 1]   # prefill sharing in HFPolicy.generate
 
 Rows shaped like one quick-math SRPO batch (16 tasks x G=8, proposers-aggregator): 384 proposer rows on
 16 distinct prompts (each prompt 24 times: 8 rollouts x 3 proposers) and 128 aggregator rows with
@@ -36,7 +36,7 @@ import torch
 from learners.batching import collate, gather_response_logprobs
 from learners.prefix import packed_logprobs, prefix_tree_size, shared_prefix_logprobs
 
-MODEL = Path(__file__).resolve().parents[1] / "agents" / "checkpoints" / "mini-sft"
+MODEL = Path(__file__).resolve().parents[2] / "agents" / "checkpoints" / "mini-sft"
 SYSTEM = "You solve math problems step by step and end with the final answer in \\boxed{}."
 OBSERVATION = "Problem: {problem}\nRole: proposer. Solve the problem and put the final answer in \\boxed{{}}."
 

@@ -1,14 +1,14 @@
 """Side by side with TRL's ``GRPOTrainer``: seconds per 1k generated tokens (iteration, generation, update), peak RSS.
 
     pip install trl                # optional: not part of the project's install; CPU torch is kept
-    python -m benchmarks.bench_trl [--repeats 2] [--steps 3]
+    python -m benchmarks.perf.bench_trl [--repeats 2] [--steps 3]
 
 Both sides start from ``agents/checkpoints/mini-sft`` in float32 on the CPU, sample at temperature 1
 with at most ``--new`` new tokens, and take one optimizer step per batch:
 
-* **srpo**: one SRPO iteration of :mod:`benchmarks.bench_iteration` (quick-math's env, 16 tasks x G=8 =
+* **srpo**: one SRPO iteration of :mod:`benchmarks.perf.bench_iteration` (quick-math's env, 16 tasks x G=8 =
   512 completions, one minibatch) with its recommended settings
-  (:data:`benchmarks.bench_iteration.RECOMMENDED`: prefix-tree forward, 4096-node micro-batches;
+  (:data:`benchmarks.perf.bench_iteration.RECOMMENDED`: prefix-tree forward, 4096-node micro-batches;
   ``--set`` overrides them, e.g. ``--set prefix_tree=false`` for the per-row forward); the settings are
   printed above the table;
 * **TRL**: ``GRPOTrainer`` on the same kind of prompts (quick-math proposer prompts in the model's chat
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODEL = Path(__file__).resolve().parents[1] / "agents" / "checkpoints" / "mini-sft"
+MODEL = Path(__file__).resolve().parents[2] / "agents" / "checkpoints" / "mini-sft"
 #: The proposer observation of ``MathVerify``/``ProcArith`` (srpo_envs/math_verify.py), so both sides
 #: prefill prompts of the same length.
 PROPOSER_PROMPT = (
@@ -161,7 +161,7 @@ def _srpo(args: argparse.Namespace) -> dict[str, Any]:
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.bench_iteration",
+        "benchmarks.perf.bench_iteration",
         "--child",
         f"--model={args.model}",
         f"--tasks={args.srpo_tasks}",
@@ -187,7 +187,7 @@ def _srpo(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _trl(args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "benchmarks.bench_trl", "--child", *sys.argv[1:]]
+    cmd = [sys.executable, "-m", "benchmarks.perf.bench_trl", "--child", *sys.argv[1:]]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

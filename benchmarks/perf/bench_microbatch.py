@@ -6,7 +6,7 @@ added. With ``max_tokens_per_microbatch`` the backward runs per event-atomic mic
 activation memory follows the micro-batch, not the minibatch; the gradient is the same (see
 ``tests/test_learners_update.py``).
 
-    python -m benchmarks.bench_microbatch [--tasks 16 --group-size 8 --budgets none,2048,512]
+    python -m benchmarks.perf.bench_microbatch [--tasks 16 --group-size 8 --budgets none,2048,512]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MODEL = Path(__file__).resolve().parents[1] / "agents" / "checkpoints" / "mini-columns-sft"
+MODEL = Path(__file__).resolve().parents[2] / "agents" / "checkpoints" / "mini-columns-sft"
 
 
 def _peak_rss_mb() -> float:
@@ -77,7 +77,7 @@ def main() -> None:
         return
     print(f"{'budget':>8} {'rows':>6} {'update s':>9} {'peak RSS MB':>12} {'update +MB':>11} {'loss':>12}")
     for b in args.budgets.split(","):
-        cmd = [sys.executable, "-m", "benchmarks.bench_microbatch", "--child", b.strip()]
+        cmd = [sys.executable, "-m", "benchmarks.perf.bench_microbatch", "--child", b.strip()]
         cmd += [
             "--tasks",
             str(args.tasks),

@@ -1,6 +1,6 @@
 """Rollout generation throughput: ``HFPolicy.generate`` vs a bare ``model.generate``.
 
-    python -m benchmarks.bench_generate [--model DIR] [--size small] [--batch 32] [--new 64]
+    python -m benchmarks.perf.bench_generate [--model DIR] [--size small] [--batch 32] [--new 64]
 
 Both sides get the same left-padded batch of chat prompts of mixed lengths (procedural math problems
 in the chat template), sample at temperature 1 / top-p 1 for exactly ``--new`` tokens (EOS ignored by

@@ -1,6 +1,6 @@
 """Rollout throughput: the full collector (env + prompts + batched HFPolicy) vs a bare ``model.generate``.
 
-    python -m benchmarks.bench_rollout [--size tiny] [--tasks 16] [--group 4] [--tokens 32]
+    python -m benchmarks.perf.bench_rollout [--size tiny] [--tasks 16] [--group 4] [--tokens 32]
 
 Both sides generate for exactly the same prompts (the observations the env produced, rendered with
 the same chat template) and the same number of new tokens per request (EOS ignored on both sides),

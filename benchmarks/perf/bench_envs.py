@@ -1,6 +1,6 @@
 """Env throughput: steps/second with scripted agents for each math workflow.
 
-    python -m benchmarks.bench_envs [--episodes 300]
+    python -m benchmarks.perf.bench_envs [--episodes 300]
 
 Grading of non-trivial LaTeX answers happens in worker processes; procedural answers are integers
 and graded in-process, so the procedural rows measure the env machinery itself.
