@@ -110,6 +110,9 @@ class Generation:
     policy_version: int
     finish_reason: FinishReason
     stop_reason: int | str | None = None
+    #: why this generation cannot train (None: it can): e.g. a served model that returned text but no
+    #: token ids, so ``token_ids`` are a re-tokenisation and ``logprobs`` unknown (:mod:`agents.openai_policy`)
+    evaluation_only: str | None = None
 
 
 @runtime_checkable

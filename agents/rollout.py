@@ -184,7 +184,11 @@ class RolloutCollector:
                             correct=bool(outcome.get("correct", False)),
                             state_text=state_text,
                             response_text=event.outputs[agent],
-                            meta={"valid": bool(event.valid[agent]), "finish_reason": gen.finish_reason},
+                            meta={
+                                "valid": bool(event.valid[agent]),
+                                "finish_reason": gen.finish_reason,
+                                **({"evaluation_only": gen.evaluation_only} if gen.evaluation_only else {}),
+                            },
                         )
                     )
             episodes.append(

@@ -1,6 +1,7 @@
 """Command line for srpo_envs (wired into ``srpo`` by the lead). Commands:
 
 ``serve-retriever``: a Search-R1-compatible ``/retrieve`` server over BM25 or dense retrieval.
+``serve-env``: any registered env over HTTP, one session per client (:mod:`srpo_envs.env_server`).
 ``index build``: index a Search-R1-format corpus (JSONL with ``id`` and ``contents``) once into a
 directory that ``--index DIR`` (envs, ``srpo bench eval``, ``serve-retriever``) opens.
 """
@@ -125,6 +126,36 @@ def serve_retriever(
     finally:
         if workers == 1:
             retriever.close()
+
+
+@app.command("serve-env")
+def serve_env(
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default: the server has no auth)."),
+    port: int = typer.Option(8100, help="TCP port."),
+    max_sessions: int = typer.Option(64, min=1, help="Live sessions at once (another create gets 503)."),
+    idle_timeout: float = typer.Option(
+        600.0, min=0.001, help="Seconds a session may idle before it is closed (its id then answers 404)."
+    ),
+    env: list[str] | None = typer.Option(
+        None, "--env", help="Serve only this env id (repeatable; default: every registered id)."
+    ),
+    log_level: str = typer.Option("info", help="uvicorn log level."),
+) -> None:
+    """Serve registered envs over HTTP: sessions with reset/step/state (OpenEnv-shaped, multi-agent).
+
+    A client: ``srpo_envs.remote.RemoteEnv(URL, ENV_ID)``, a PettingZoo ParallelEnv.
+    """
+    try:
+        from srpo_envs.env_server import serve
+    except ImportError as exc:  # fastapi/uvicorn come with the search extra
+        raise typer.BadParameter(f"serve-env needs fastapi and uvicorn: pip install 'srpo[search]' ({exc})") from None
+    import srpo_envs
+
+    unknown = [e for e in env or [] if e not in srpo_envs.registry]
+    if unknown:
+        raise typer.BadParameter(f"unknown env ids {unknown}; see `srpo envs`", param_hint="--env")
+    typer.echo(f"serving {', '.join(env) if env else 'every registered env'} on http://{host}:{port}", err=True)
+    serve(host, port, max_sessions=max_sessions, idle_timeout_s=idle_timeout, env_ids=env, log_level=log_level)
 
 
 def build_retriever(
