@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from benchmarks import presets
 from benchmarks.presets import (  # noqa: F401  (re-exported: the presets' old home)
     BUNDLED_COLUMNS_MODEL,
     BUNDLED_MODEL,
@@ -33,6 +34,28 @@ app = typer.Typer(help="Benchmarks: evaluate models on the benchmark suites.", n
 @app.callback()
 def bench() -> None:
     """Benchmarks: evaluate models on the benchmark suites (a callback keeps this a command group)."""
+    warn_other_checkout()
+
+
+def warn_other_checkout(cwd: Path | None = None) -> str | None:
+    """Warn (stderr) when the working directory lies in a srpo checkout other than the one whose code
+    runs, and return the warning. The ``srpo`` command imports the package from wherever
+    ``pip install -e`` last ran (``.ci/run`` on a clean clone re-points it there), so preset edits made
+    in this checkout would silently not reach the run: the likely reason a quick-search lr edit once
+    left ``compare_config.json`` at 1e-4."""
+    code_root = Path(presets.__file__).resolve().parent.parent
+    here = (cwd or Path.cwd()).resolve()
+    for root in (here, *here.parents):
+        if (root / "pyproject.toml").is_file() and (root / "benchmarks" / "presets.py").is_file():
+            if root == code_root:
+                return None
+            msg = (
+                f"warning: srpo runs the code in {code_root}, not this checkout {root}: edits here do not "
+                "reach the run (`pip install -e .` here, or run `python -m srpo_cli` from here)"
+            )
+            typer.echo(msg, err=True)
+            return msg
+    return None
 
 
 def _parse_env_kwargs(items: list[str] | None) -> dict[str, Any]:
@@ -259,12 +282,14 @@ def eval_cmd(
 
 
 def _training_env(suite: str) -> TrainingEnv:
-    if suite not in TRAINING_ENVS:
+    # presets are read when a command runs, not bound at import: a patched or reloaded presets module
+    # reaches the run (the names imported above are only re-exports)
+    if suite not in presets.TRAINING_ENVS:
         raise typer.BadParameter(
-            f"no training env for suite {suite!r}; trainable suites: {', '.join(TRAINING_ENVS)}",
+            f"no training env for suite {suite!r}; trainable suites: {', '.join(presets.TRAINING_ENVS)}",
             param_hint="--suite",
         )
-    return TRAINING_ENVS[suite]
+    return presets.TRAINING_ENVS[suite]
 
 
 def _print_comparison(result: Any, title: str) -> None:
@@ -315,6 +340,10 @@ def _run_compare(
         workers=workers,
         ray_address=ray_address,
     )
+    # what the runs will train with and which checkout's presets said so, before any minute is spent
+    # (compare_config.json is written only at the end)
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(train.items()))
+    typer.echo(f"{suite}: train {settings} (presets: {Path(presets.__file__).resolve()})")
     result = run_comparison(cfg, log=typer.echo)
     _print_comparison(result, title)
     for name, path in sorted(result.paths.items()):
@@ -339,10 +368,10 @@ def _train_overrides(
     S), else the on-policy quick preset; each option given replaces its preset value. ``epochs > 1`` or
     ``minibatches_per_iter > 1`` make the updates off-policy (rho != 1 after the first step), which is
     where clipping and SRPO's set-level ratio act."""
-    if suite in QUICK_SETTINGS:
-        out: dict[str, Any] = dict(QUICK_SETTINGS[suite]["train"])
+    if suite in presets.QUICK_SETTINGS:
+        out: dict[str, Any] = dict(presets.QUICK_SETTINGS[suite]["train"])
     else:
-        out = {**QUICK_TRAIN, "iterations": COMPARE_DEFAULTS["iterations"]}
+        out = {**presets.QUICK_TRAIN, "iterations": presets.COMPARE_DEFAULTS["iterations"]}
     if rows_per_batch is not None and minibatches_per_iter is None:
         out.pop("minibatches_per_iter", None)  # an explicit minibatch size beats the preset's split
     given = {
@@ -362,9 +391,10 @@ def _train_overrides(
 def _eval_settings(suite: str, k: int | None, limit: int | None) -> tuple[int, int]:
     """``--eval-k`` / ``--eval-limit`` as given, else the suite's ``bench quick`` eval, else
     :func:`_eval_k`'s default and ``COMPARE_DEFAULTS["eval_limit"]``."""
-    quick = QUICK_SETTINGS.get(suite, {})
+    quick = presets.QUICK_SETTINGS.get(suite, {})
     k = k if k is not None else quick.get("eval_k")
-    limit = limit if limit is not None else quick.get("eval_limit", COMPARE_DEFAULTS["eval_limit"])
+    default_limit = presets.COMPARE_DEFAULTS["eval_limit"]
+    limit = limit if limit is not None else quick.get("eval_limit", default_limit)
     return _eval_k(suite, k), int(limit)
 
 
@@ -600,7 +630,7 @@ def _quick_suites(
 
     results: dict[str, Any] = {}
     for name in names:
-        env = TRAINING_ENVS[name]
+        env = presets.TRAINING_ENVS[name]
         given = {
             "math": model,
             "columns": columns_model,
@@ -613,7 +643,7 @@ def _quick_suites(
             else _build_model(out / f"model-{env.recipe}", env.recipe)
         )
         typer.echo(f"{name}: warm start {warm}")
-        settings = QUICK_SETTINGS[name]
+        settings = _quick_settings(name)
         train = {**settings["train"], "iterations": iterations or settings["train"]["iterations"]}
         results[name] = _run_compare(
             warm,
@@ -629,6 +659,29 @@ def _quick_suites(
             ray_address,
         )
     return results
+
+
+_QUICK_SETTING_KEYS = frozenset({"train", "eval_k", "eval_limit"})
+
+
+def _quick_settings(suite: str) -> dict[str, Any]:
+    """``presets.QUICK_SETTINGS[suite]``, refused with a one-line error when it holds a key ``bench quick``
+    would silently ignore (an ``lr`` beside ``train`` instead of inside it never reaches the run) or a
+    ``train`` key that is no ``TrainConfig`` field."""
+    import dataclasses
+
+    from learners.trainer import TrainConfig
+
+    settings = presets.QUICK_SETTINGS[suite]
+    stray = sorted(set(settings) - _QUICK_SETTING_KEYS)
+    unknown = sorted(set(settings["train"]) - {f.name for f in dataclasses.fields(TrainConfig)})
+    if stray or unknown:
+        raise typer.BadParameter(
+            f"benchmarks/presets.py QUICK_SETTINGS[{suite!r}]: "
+            + (f"keys {stray} are not read (RL settings go under 'train'); " if stray else "")
+            + (f"train keys {unknown} are no TrainConfig fields" if unknown else ""),
+        )
+    return settings
 
 
 def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:

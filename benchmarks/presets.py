@@ -132,8 +132,10 @@ _COLUMNS_TRAIN: dict[str, Any] = {
 
 #: quick-search's RL: the column suites' off-policy update (two minibatches per rollout batch, prefix
 #: tree, token budget) on 16 questions x G=8 per iteration for 16 iterations (G=8 so that a group's
-#: samples differ in reward; measured settings in the README).
-_SEARCH_TRAIN: dict[str, Any] = {**_COLUMNS_TRAIN, "iterations": 16}
+#: samples differ in reward; measured settings in the README). Its learning rate is spelled out here,
+#: not inherited: a later key beats an earlier one, so an edit of ``QUICK_TRAIN["lr"]`` never reached
+#: this suite (``_COLUMNS_TRAIN`` sets its own); this line is the search learning rate.
+_SEARCH_TRAIN: dict[str, Any] = {**_COLUMNS_TRAIN, "iterations": 16, "lr": 1e-4}
 
 #: Per-suite RL settings, eval k and eval problems per dataset of ``bench quick``.
 QUICK_SETTINGS: dict[str, dict[str, Any]] = {

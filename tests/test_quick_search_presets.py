@@ -1,0 +1,114 @@
+"""quick-search's settings reach the run: an edit of its learning rate in benchmarks/presets.py is the lr
+the runs train with (the ``CompareConfig`` that ``compare_config.json`` records), misplaced keys are
+refused instead of ignored, and running from another checkout than the one whose code runs is flagged.
+
+A quick-search lr edit once left ``compare_config.json`` at 1e-4; these tests fail on the code before
+the fix (the search entry had no lr line of its own and the CLI bound the presets at import)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import benchmarks.compare as compare
+import benchmarks.presets as presets
+from benchmarks import cli
+
+REPO = Path(__file__).resolve().parent.parent
+SEARCH_MODEL = str(REPO / "agents" / "checkpoints" / "mini-search-worlds-sft")
+
+
+class _Captured(Exception):
+    """Raised by the stand-in runner once it holds the config: nothing trains."""
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """``run_comparison`` replaced by one that keeps the config as compare_config.json would hold it."""
+    configs: list[dict[str, Any]] = []
+
+    def fake_run(cfg: compare.CompareConfig, log: Any = None) -> None:
+        configs.append(json.loads(json.dumps(asdict(cfg), default=str)))  # what compare_config.json holds
+        raise _Captured
+
+    monkeypatch.setattr(compare, "run_comparison", fake_run)
+    return configs
+
+
+def _edit_presets_file(monkeypatch: pytest.MonkeyPatch, lr: float) -> None:
+    """Edit the search learning rate in the text of benchmarks/presets.py and load the edited file as the
+    presets (as a rerun after the edit would), restoring every name afterwards."""
+    source = Path(presets.__file__).read_text()
+    line = re.search(r"^_SEARCH_TRAIN\b.*$", source, flags=re.M)
+    assert line is not None, "benchmarks/presets.py defines no _SEARCH_TRAIN"
+    edited_line, n = re.subn(r'"lr": [0-9.e+-]+', f'"lr": {lr!r}', line.group(0))
+    assert n == 1, f"quick-search's lr has no line of its own to edit: {line.group(0)!r}"
+    namespace: dict[str, Any] = {"__name__": presets.__name__, "__file__": presets.__file__}
+    exec(compile(source.replace(line.group(0), edited_line), presets.__file__, "exec"), namespace)
+    for name, value in namespace.items():
+        if name.isupper() or name.startswith("_") and name.endswith("_TRAIN"):
+            monkeypatch.setattr(presets, name, value, raising=False)
+
+
+def test_a_search_lr_edit_in_presets_reaches_the_runs_config(
+    monkeypatch: pytest.MonkeyPatch, captured: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    _edit_presets_file(monkeypatch, 7.5e-4)
+    runner = CliRunner()
+    quick = runner.invoke(
+        cli.app,
+        ["quick", "--suites", "quick-search", "--out", str(tmp_path), "--search-model", SEARCH_MODEL],
+    )
+    assert isinstance(quick.exception, _Captured), quick.output
+    compare_run = runner.invoke(
+        cli.app, ["compare", "--model", SEARCH_MODEL, "--suite", "quick-search", "--out", str(tmp_path)]
+    )
+    assert isinstance(compare_run.exception, _Captured), compare_run.output
+    for cfg in captured:
+        assert cfg["suite"] == "quick-search"
+        assert cfg["train"]["lr"] == 7.5e-4
+        assert cfg["train"]["iterations"] == presets.QUICK_SETTINGS["quick-search"]["train"]["iterations"]
+    assert len(captured) == 2
+    # the run says what it trains with, and whose presets, before training starts
+    assert "lr=0.00075" in quick.output and str(Path(presets.__file__).resolve()) in quick.output
+
+
+def test_a_quick_setting_beside_train_is_refused_not_ignored(
+    monkeypatch: pytest.MonkeyPatch, captured: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    entry = presets.QUICK_SETTINGS["quick-search"]
+    monkeypatch.setitem(presets.QUICK_SETTINGS, "quick-search", {**entry, "lr": 5e-4})
+    args = ["quick", "--suites", "quick-search", "--out", str(tmp_path), "--search-model", SEARCH_MODEL]
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 2 and not captured, res.output
+    assert "['lr'] are not read" in res.output
+    monkeypatch.setitem(
+        presets.QUICK_SETTINGS, "quick-search", {**entry, "train": {**entry["train"], "learning_rate": 1}}
+    )
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 2 and "['learning_rate'] are no TrainConfig fields" in res.output
+
+
+def test_every_quick_setting_is_read() -> None:
+    """Every key of every shipped QUICK_SETTINGS entry is one bench quick reads."""
+    for suite in presets.QUICK_SETTINGS:
+        assert cli._quick_settings(suite) is presets.QUICK_SETTINGS[suite]
+
+
+def test_running_from_another_checkout_is_flagged(tmp_path: Path) -> None:
+    other = tmp_path / "clone"
+    (other / "benchmarks").mkdir(parents=True)
+    (other / "pyproject.toml").write_text('[project]\nname = "srpo"\n')
+    (other / "benchmarks" / "presets.py").write_text("")
+    (other / "tests").mkdir()
+    msg = cli.warn_other_checkout(other / "tests")
+    assert msg is not None
+    assert str(other) in msg and str(Path(presets.__file__).resolve().parent.parent) in msg
+    assert cli.warn_other_checkout(REPO / "tests") is None  # the checkout whose code runs
+    assert cli.warn_other_checkout(tmp_path) is None  # not a checkout at all
