@@ -310,6 +310,29 @@ class OpenAIPolicy:
         self.model = ids[0]
         return self.model
 
+    def resolve_model(self) -> str:
+        """The served model name (asks ``GET /models`` when none was given): call it before the eval cache
+        key is taken, so the key names the model actually served."""
+        return self._run(self._resolve_model())
+
+    def check_server(self) -> str:
+        """Ask ``GET /models`` once: the server answers and serves this policy's model (a server without that
+        route is taken at its word). Returns the model name."""
+
+        async def check() -> str:
+            try:
+                data = await self._call("GET", "/models")
+            except OpenAIServerError as exc:
+                if " 404 " in str(exc) and self.model:
+                    return self.model
+                raise
+            ids = [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict) and m.get("id")]
+            if self.model and ids and self.model not in ids:
+                raise OpenAIServerError(f"{self.base_url} serves {ids}, not {self.model!r}")
+            return await self._resolve_model()
+
+        return self._run(check())
+
     # ------------------------------------------------------------------ requests
     def _endpoint(self, request: GenerationRequest) -> str:
         if self.api == "chat":
@@ -399,13 +422,13 @@ class OpenAIPolicy:
         """The async form of :meth:`generate` (on this policy's loop: call it through :meth:`generate`)."""
         await self._ensure_client()
         tasks = [asyncio.ensure_future(self._one(r)) for r in requests]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        # Every request runs to its end even when another fails: answers already on their way are then
+        # in the response cache, so a rerun after the failure asks for none of them again.
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return list(results)  # type: ignore[arg-type]
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """One :class:`Generation` per request, in request order (all sent concurrently)."""
@@ -596,6 +619,28 @@ def parse_base_urls(values: Sequence[str]) -> str | dict[str, str]:
     return out
 
 
+def served_policies(
+    model: str,
+    base_urls: Sequence[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    **kwargs: Any,
+) -> PolicyMap:
+    """What ``--model openai:NAME --base-url ...`` evaluates with: :func:`openai_policy_map` over the
+    parsed ``--base-url`` values, each policy with a response cache in ``cache_dir`` (one file per URL)."""
+    urls = parse_base_urls(base_urls)
+
+    def factory(name: str | None, url: str, **kw: Any) -> OpenAIPolicy:
+        digest = hashlib.sha256(url.encode()).hexdigest()[:10]
+        path = Path(cache_dir) / f"openai-responses-{digest}.jsonl" if cache_dir is not None else None
+        return OpenAIPolicy(name, url, cache_path=path, **kw)
+
+    policies = openai_policy_map(model or None, urls, factory=factory, **kwargs)
+    for pol in policies.policies:
+        pol.check_server()  # fails fast on a wrong URL or model, and names the model in the eval cache key
+    return policies
+
+
 __all__ = [
     "MODEL_PREFIX",
     "OpenAIPolicy",
@@ -605,4 +650,5 @@ __all__ = [
     "openai_policy_map",
     "parse_base_urls",
     "parse_model_spec",
+    "served_policies",
 ]
