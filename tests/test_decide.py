@@ -1,0 +1,235 @@
+"""benchmarks.decide on simulated runs with a known effect: interval coverage, what pairing buys, power.
+
+Every statistical test here is also run on a deliberately broken variant (a resampler that drops the
+training-seed level, one that resamples (seed, problem) cells as independent units, pairs that do not match) and must fail there: it would catch that bug. Simulations are
+vectorised and seeded, so each test is deterministic and takes seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchmarks import decide as D
+from benchmarks.metrics import macro_row, per_dataset
+
+S, N_PER_DATASET, N_DATASETS, K = 10, 32, 2, 4
+
+
+def simulate(
+    rng: np.random.Generator,
+    *,
+    delta: float = 0.03,
+    seeds: int = S,
+    n: int = N_PER_DATASET,
+    tau_seed: float = 0.03,
+    tau_shared: float = 0.03,
+    tau_int: float = 0.05,
+    tau_prob: float = 0.2,
+) -> tuple[D.ScoreMatrix, D.ScoreMatrix]:
+    """Two methods on the same problems and seeds. A problem's difficulty (``tau_prob``) and a seed's
+    shared part (``tau_shared``: the common start model and eval seed) are common to both methods, so
+    the runs are correlated; each method has its own seed effect and method x problem effect; each
+    score is the mean of K Bernoulli samples. The population difference is ``delta``."""
+    p_total = n * N_DATASETS
+    base = np.clip(0.5 + rng.normal(0.0, tau_prob, p_total), 0.2, 0.8)
+    shared = rng.normal(0.0, tau_shared, seeds)[:, None]
+    datasets = np.repeat(np.array([f"d{i}" for i in range(N_DATASETS)]), n)
+    problems = tuple((d, str(i)) for i, d in enumerate(datasets))
+
+    def method(effect: float) -> D.ScoreMatrix:
+        p = base + rng.normal(0.0, tau_int, p_total) + rng.normal(0.0, tau_seed, seeds)[:, None] + shared
+        y = rng.binomial(K, np.clip(p + effect, 0.0, 1.0)) / K
+        return D.ScoreMatrix(tuple(range(seeds)), datasets, problems, y, y * (1 - y) / (K - 1), K)
+
+    return method(delta), method(0.0)
+
+
+# ------------------------------------------------------------------- broken resamplers (must fail)
+
+
+def _seed_level_dropped(d, strata, n_resamples, rng):  # noqa: ANN001, ANN202
+    """Broken: the training-seed level forgotten -- every seed row replaced by the seed average, so
+    only problems are resampled (as if the training seeds were fixed, not drawn)."""
+    return D.two_level_bootstrap(np.repeat(d.mean(axis=0, keepdims=True), d.shape[0], axis=0), strata,
+                                 n_resamples, rng)
+
+
+def _iid_cells(d, strata, n_resamples, rng):  # noqa: ANN001, ANN202
+    """Broken: every (seed, problem) cell resampled as an independent unit within its dataset -- the
+    clustering by seed and by problem ignored (the mistake clustered standard errors exist for)."""
+    t = np.zeros(n_resamples)
+    v = np.zeros(n_resamples)
+    var_hat = 0.0
+    for idx in strata:
+        cells = d[:, idx].ravel()
+        m = cells.size
+        counts = rng.multinomial(m, np.full(m, 1.0 / m), size=n_resamples)
+        mean = counts @ cells / m
+        t += mean / len(strata)
+        v += np.maximum(counts @ cells**2 - m * mean**2, 0) / (m - 1) / (m * len(strata) ** 2)
+        var_hat += cells.var(ddof=1) / (m * len(strata) ** 2)
+    return t, np.sqrt(v), float(np.sqrt(var_hat))
+
+
+def coverage(resampler: D.Resampler, sims: int = 300, truth: float = 0.03) -> tuple[float, float]:
+    rng = np.random.default_rng(7)
+    hits, widths = 0, []
+    for i in range(sims):
+        a, b = simulate(rng, delta=truth)
+        r = D.paired_difference(a, b, n_resamples=1000, seed=i, resampler=resampler)
+        hits += r.low <= truth <= r.high
+        widths.append(r.high - r.low)
+    return hits / sims, float(np.mean(widths))
+
+
+@pytest.mark.parametrize(
+    "resampler, correct",
+    [(D.two_level_bootstrap, True), (_seed_level_dropped, False), (_iid_cells, False)],
+    ids=["two-level", "broken:seed-level-dropped", "broken:iid-cells"],
+)
+def test_interval_covers_the_known_difference_95_percent_of_the_time(resampler, correct) -> None:  # noqa: ANN001
+    sims = 300 if correct else 100  # a broken one misses by far more than 100 simulations can blur
+    cov, _ = coverage(resampler, sims)
+    within = 0.92 <= cov <= 0.98
+    assert within is correct, f"coverage {cov:.3f} over {sims} simulations"
+
+
+def _mismatched(b: D.ScoreMatrix, rng: np.random.Generator) -> D.ScoreMatrix:
+    """Broken pairing: B's seeds rolled and its problems shuffled within each dataset."""
+    perm = np.concatenate([rng.permutation(idx) for idx in D._strata(b.datasets)])
+    y = np.roll(b.scores, 1, axis=0)[:, perm]
+    return D.ScoreMatrix(b.seeds, b.datasets, b.problems, y, np.roll(b.within, 1, axis=0)[:, perm], b.k)
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["paired", "broken:mismatched-pairs"])
+def test_paired_interval_is_narrower_than_unpaired_when_runs_are_correlated(broken: bool) -> None:
+    rng = np.random.default_rng(5)
+    ratios = []
+    for i in range(40):
+        a, b = simulate(rng, tau_prob=0.2, tau_shared=0.05)
+        pb = _mismatched(b, rng) if broken else b
+        paired = D.paired_difference(a, pb, n_resamples=500, seed=i)
+        unpaired = D.unpaired_difference(a, b, n_resamples=500, seed=i)
+        ratios.append((paired.high - paired.low) / (unpaired.high - unpaired.low))
+    assert (float(np.median(ratios)) < 0.8) is not broken, f"median width ratio {np.median(ratios):.2f}"
+
+
+def test_uncorrelated_runs_gain_nothing_from_pairing() -> None:
+    rng = np.random.default_rng(6)
+    ratios = []
+    for i in range(30):
+        a, b = simulate(rng, tau_prob=0.0, tau_shared=0.0)
+        paired = D.paired_difference(a, b, n_resamples=500, seed=i)
+        unpaired = D.unpaired_difference(a, b, n_resamples=500, seed=i)
+        ratios.append((paired.high - paired.low) / (unpaired.high - unpaired.low))
+    assert 0.85 < float(np.median(ratios)) < 1.15
+
+
+def _pilot_components() -> D.Components:
+    """Components from a large pilot (200 seeds x 800 problems) of the same process."""
+    a, b = simulate(np.random.default_rng(3), delta=0.0, seeds=200, n=400)
+    return D.variance_components(a.scores - b.scores, a.datasets, a.within + b.within, k=K)
+
+
+def test_variance_components_recover_the_simulated_ones() -> None:
+    c = _pilot_components()
+    assert c.seed == pytest.approx(2 * 0.03**2, rel=0.25)  # own seed effects; the shared one cancels
+    for d in c.problem:
+        assert c.problem[d] == pytest.approx(2 * 0.05**2, rel=0.25)
+        assert c.residual[d] == pytest.approx(c.sampling[d], rel=0.05)  # no seed x problem term here
+    assert sum(c.shares().values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "resampler, correct",
+    [(D.two_level_bootstrap, True), (_seed_level_dropped, False)],
+    ids=["two-level", "broken:seed-level-dropped"],
+)
+def test_power_prediction_matches_the_simulated_detection_rate(resampler, correct) -> None:  # noqa: ANN001
+    comps = _pilot_components()
+    design = {"seeds": S, "problems": N_PER_DATASET * N_DATASETS}
+    mde = D.mde(comps, **design)
+    assert D.power(mde, comps, **design) == pytest.approx(D.POWER, abs=1e-6)
+    ok = []
+    for delta in (0.5 * mde, mde):
+        predicted = D.power(delta, comps, **design)
+        rng = np.random.default_rng(11)
+        sims = 300
+        hits = 0
+        for i in range(sims):
+            a, b = simulate(rng, delta=delta)
+            r = D.paired_difference(a, b, n_resamples=1000, seed=i, resampler=resampler)
+            hits += (r.low > 0) or (r.high < 0)
+        rate = hits / sims
+        ok.append(abs(rate - predicted) <= 0.2 * predicted)
+    assert all(ok) is correct, f"predicted vs simulated within 20%: {ok}"
+
+
+def test_mde_and_seeds_needed_follow_the_design() -> None:
+    comps = _pilot_components()
+    m10, m40 = D.mde(comps, seeds=10), D.mde(comps, seeds=40)
+    assert m40 < m10
+    need = D.seeds_needed(m10, comps)
+    assert need is not None and 8 <= need <= 11
+    assert D.seeds_needed(1e-6, comps, max_seeds=50) is None
+    table = D.power_table(comps, problems=[64, 256])
+    assert list(table["problems"]) == [64, 256]
+    assert table.loc[1, "MDE @ 10 seeds (pt)"] < table.loc[0, "MDE @ 10 seeds (pt)"]
+
+
+def test_probability_of_improvement_and_iqm() -> None:
+    assert D.probability_of_improvement([3, 4], [1, 2]) == 1.0
+    assert D.probability_of_improvement([1, 2], [1, 2]) == 0.5  # ties count one half
+    assert D.probability_of_improvement([1, 5], [2, 3]) == 0.5
+    point, low, high = D.iqm([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 100.0])  # one diverged run
+    assert point == pytest.approx(0.35) and low <= point <= high
+
+
+def test_verdicts() -> None:
+    assert D.verdict(0.01, 0.05, 0.02) == "better"
+    assert D.verdict(-0.05, -0.01, 0.02) == "worse"
+    assert D.verdict(-0.01, 0.015, 0.02) == "equivalent"
+    assert D.verdict(-0.01, 0.05, 0.02) == "undecided"
+
+
+def test_few_seeds_get_a_t_interval_not_a_degenerate_bootstrap() -> None:
+    rng = np.random.default_rng(9)
+    hits = 0
+    for i in range(200):
+        a, b = simulate(rng, seeds=3)
+        r = D.paired_difference(a, b, n_resamples=200, seed=i)
+        assert np.isfinite(r.low) and np.isfinite(r.high)
+        hits += r.low <= 0.03 <= r.high
+    assert hits / 200 >= 0.92
+
+
+def _samples(scores: Sequence[Sequence[int]], dataset_sizes: Sequence[int]) -> pd.DataFrame:
+    rows = []
+    p = 0
+    for di, size in enumerate(dataset_sizes):
+        for j in range(size):
+            for s, c in enumerate(scores[p]):
+                rows.append({"dataset": f"ds{di}", "problem_id": f"q{j}", "sample_idx": s, "correct": bool(c),
+                             "team_tokens": 1.0, "tool_calls": 0.0})
+            p += 1
+    return pd.DataFrame(rows)
+
+
+def test_score_matrices_from_sample_tables() -> None:
+    a0 = _samples([[1, 1], [0, 1], [0, 0]], [2, 1])
+    a1 = _samples([[1, 0], [0, 0], [1, 1]], [2, 1])
+    b0 = _samples([[0, 0], [0, 1], [0, 0]], [2, 1])
+    b1 = _samples([[1, 0], [0, 0], [0, 1]], [2, 1])
+    m = D.score_matrices({"A": {0: a0, 1: a1}, "B": {1: b1, 0: b0}})
+    assert m["A"].seeds == (0, 1) and m["A"].k == 2
+    expected = macro_row(per_dataset(a0))["avg@k"]
+    assert m["A"].macro[0] == pytest.approx(expected)
+    diff = D.paired_difference(m["A"], m["B"], n_resamples=200)
+    assert diff.delta == pytest.approx(float((m["A"].macro - m["B"].macro).mean()))
+    other = _samples([[1, 1], [0, 1], [0, 0]], [3])  # other problems: refused, not intersected
+    with pytest.raises(ValueError, match="other problems"):
+        D.score_matrices({"A": {0: a0}, "B": {0: other}})
