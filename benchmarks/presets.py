@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.suites import ROUTED_MEMBER_COST
+from benchmarks.suites import QUICK_SEARCH_MAX_SEARCHERS, QUICK_SEARCH_MEMBER_COST, ROUTED_MEMBER_COST
 
 _CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
 #: Where ``srpo bench quick`` looks for shipped warm-started tiny models before building them.
@@ -63,6 +63,18 @@ TRAINING_ENVS: dict[str, TrainingEnv] = {
         "MultiTurnSearch-v0",
         "parallel",
         {"kb_seed": QUICK_SEARCH_TRAIN_KB_SEED},
+        BUNDLED_SEARCH_WORLDS_MODEL,
+        "search-worlds",
+    ),
+    # the routed search suite: a router sends 1..5 searchers each round, each costs team reward
+    "quick-search-routed": TrainingEnv(
+        "MultiTurnSearch-v0",
+        "routed",
+        {
+            "kb_seed": QUICK_SEARCH_TRAIN_KB_SEED,
+            "n_searchers": QUICK_SEARCH_MAX_SEARCHERS,
+            "member_cost": QUICK_SEARCH_MEMBER_COST,
+        },
         BUNDLED_SEARCH_WORLDS_MODEL,
         "search-worlds",
     ),
@@ -144,6 +156,7 @@ QUICK_SETTINGS: dict[str, dict[str, Any]] = {
     "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2, "eval_limit": 32},
     # every one of the suite's 64 questions, 4 samples each: a smaller eval's noise hides RL's delta
     "quick-search": {"train": dict(_SEARCH_TRAIN), "eval_k": 4, "eval_limit": 64},
+    "quick-search-routed": {"train": dict(_SEARCH_TRAIN), "eval_k": 4, "eval_limit": 64},
 }
 
 #: Comparison variants: name -> ``TrainConfig`` overrides.

@@ -15,7 +15,8 @@ Registered suites (:data:`SUITES`):
   facts training problems use, the suite where RL on training problems can move held-out accuracy;
 * ``quick-search``: the test questions of the procedural knowledge base (``dataset="kb"``) in a
   world no warm start or RL run trains in (:data:`QUICK_SEARCH_EVAL_KB_SEED`);
-* routed variants ``math-routed``, ``search-routed`` and ``quick-columns-routed``: the same datasets,
+* routed variants ``math-routed``, ``search-routed``, ``quick-columns-routed`` and
+  ``quick-search-routed`` (up to :data:`QUICK_SEARCH_MAX_SEARCHERS` searchers): the same datasets,
   run by default with the ``routed`` workflow (a router sends 1..n proposers/searchers) and a
   per-member cost (:data:`ROUTED_MEMBER_COST`) in the team reward, so their tables report the chosen
   K (mean and histogram) and team cost beside accuracy.
@@ -473,5 +474,34 @@ register_suite(
         "Procedural knowledge-base test questions (1- and 2-hop) in an invented world no training run "
         "has seen (kb_seed 1): the team has to search and read to answer.",
         default_workflow="parallel",
+    )
+)
+#: Most searchers the quick-search-routed router may send each round: the paper's search ablation runs
+#: K up to 5 parallel searchers.
+QUICK_SEARCH_MAX_SEARCHERS = 5
+#: Team-reward cost per searcher per search round in quick-search-routed. Smaller than
+#: :data:`ROUTED_MEMBER_COST` because a search episode pays every round (up to two) and its team wins
+#: ~0.2 per question at CPU scale: five searchers for two rounds cost 0.2, one searcher once 0.02.
+QUICK_SEARCH_MEMBER_COST = 0.02
+
+register_suite(
+    Suite(
+        "quick-search-routed",
+        (
+            _search(
+                "kb",
+                "kb",
+                split="test",
+                limit=64,
+                env_kwargs={
+                    "kb_seed": QUICK_SEARCH_EVAL_KB_SEED,
+                    "n_searchers": QUICK_SEARCH_MAX_SEARCHERS,
+                    "member_cost": QUICK_SEARCH_MEMBER_COST,
+                },
+            ),
+        ),
+        "quick-search with a router choosing 1..5 parallel searchers per round and a per-searcher cost "
+        "in the team reward: the CPU-scale suite of the paper's search ablation (K varies per episode).",
+        default_workflow="routed",
     )
 )
