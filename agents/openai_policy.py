@@ -405,8 +405,15 @@ class OpenAIPolicy:
             try:
                 data = await self._call("POST", path, body)
             except OpenAIServerError as exc:
-                if self.vllm_fields is None and " 400 " in str(exc) and any(f in str(exc) for f in VLLM_FIELDS):
-                    log.warning("%s rejects vLLM's fields; sending plain OpenAI requests from now on", self.base_url)
+                sent_fields = any(f in body for f in VLLM_FIELDS)  # concurrent requests may all hit this
+                if (
+                    self.vllm_fields is not True
+                    and sent_fields
+                    and " 400 " in str(exc)
+                    and any(f in str(exc) for f in VLLM_FIELDS)
+                ):
+                    if self.vllm_fields is None:
+                        log.warning("%s rejects vLLM's fields; sending plain OpenAI requests", self.base_url)
                     self.vllm_fields = False
                     return await self._one(request)
                 raise

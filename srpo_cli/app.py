@@ -28,10 +28,35 @@ def demo(
     episodes: int = typer.Option(3, min=1),
     seed: int = 0,
     as_json: bool = typer.Option(False, "--json", help="print events as JSON lines"),
+    model: str | None = typer.Option(
+        None,
+        help="an LLM team instead of a scripted one: openai:NAME (served at --base-url) or a model directory",
+    ),
+    base_url: list[str] | None = typer.Option(
+        None, "--base-url", help="openai: models: API root (ROLE=URL: a server per role; repeatable)"
+    ),
+    temperature: float = typer.Option(0.7, help="LLM team: sampling temperature"),
+    max_new_tokens: int = typer.Option(128, min=1, help="LLM team: tokens per output"),
 ) -> None:
-    """Roll out a scripted team on real data and print every recorded event."""
+    """Roll out a scripted team (or an LLM team: --model) on real data and print every recorded event."""
     import srpo_envs
     from agents.scripted import ScriptedTeam
+
+    if model is not None:
+        from agents.cli import llm_demo
+
+        llm_demo(
+            model,
+            base_url=base_url,
+            env_id=env_id,
+            workflow=workflow,
+            episodes=episodes,
+            seed=seed,
+            as_json=as_json,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+        )
+        return
 
     env = srpo_envs.make(env_id, workflow=workflow)
     scripted = {

@@ -105,3 +105,25 @@ def test_bench_eval_openai_model_needs_a_base_url() -> None:
 
     result = CliRunner().invoke(app, ["bench", "eval", "--model", "openai:m", "--suite", "quick-math"])
     assert result.exit_code == 2 and "--base-url" in result.output
+
+
+@pytest.mark.parametrize("vllm", [True, False])
+def test_demo_with_a_served_model(vllm: bool) -> None:
+    from typer.testing import CliRunner
+
+    from srpo_cli.app import app
+
+    server = StandIn(vllm=vllm)
+    srv = _http_standin(server)
+    try:
+        result = CliRunner().invoke(
+            app, ["demo", "--model", "openai:tiny", "--base-url", f"{srv.url}/v1", "--env", "ProcArith-v0",
+                  "--episodes", "2"],
+        )
+    finally:
+        srv.stop()
+    assert result.exit_code == 0, result.output
+    assert "## step 0" in result.output and "The answer is" in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("ProcArith-v0 [proposers-aggregator] model=openai:tiny: ")
+    assert ("trainable" in last) == vllm and ("evaluation only: the server returned no token ids" in last) != vllm
