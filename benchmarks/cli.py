@@ -336,15 +336,39 @@ def _training_env(suite: str) -> TrainingEnv:
 
 
 def _print_comparison(result: Any, title: str) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from benchmarks.report import make_console
 
     table = Table(title=title)
     for col in result.table.columns:
         table.add_column(str(col), justify="left" if col == "variant" else "right")
     for row in result.table.itertuples(index=False):
         table.add_row(*[str(v) for v in row])
-    Console().print(table)
+    console = make_console()
+    console.print(table)
+    _print_decisions(result.decisions, title, console)
+
+
+def _print_decisions(decisions: Any, title: str, console: Any = None) -> None:
+    """Every variant vs the reference (:mod:`benchmarks.decide`), whole, with how to read it."""
+    from rich.table import Table
+
+    from benchmarks.decide import LEGEND, format_decisions
+    from benchmarks.report import make_console
+
+    if decisions is None or decisions.empty:
+        return
+    shown = format_decisions(decisions)
+    table = Table(
+        title=f"{title}: decisions vs {decisions.iloc[0]['reference']}",
+        caption=LEGEND.format(margin=100 * float(decisions.iloc[0]["margin"]), seeds=int(decisions["n_seeds"].max())),
+    )
+    for col in shown.columns:
+        table.add_column(str(col), justify="left" if col in ("variant", "vs", "verdict") else "right")
+    for row in shown.itertuples(index=False):
+        table.add_row(*[str(v) for v in row])
+    (console or make_console()).print(table)
 
 
 def _run_compare(
@@ -359,8 +383,9 @@ def _run_compare(
     title: str,
     workers: int = 0,
     ray_address: str | None = None,
+    reference: str | None = None,
 ) -> Any:
-    from benchmarks.compare import CompareConfig, run_comparison
+    from benchmarks.compare import CompareConfig, reference_of, run_comparison
     from benchmarks.model_source import ModelNotAvailable, resolve_model
 
     env = _training_env(suite)
@@ -382,7 +407,13 @@ def _run_compare(
         eval_limit=eval_limit,
         workers=workers,
         ray_address=ray_address,
+        reference=reference,
     )
+    if len(variants) > 1:
+        try:  # a typo in --reference fails now, not after the runs
+            reference_of(list(variants), reference)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--reference") from None
     # what the runs will train with and which checkout's presets said so, before any minute is spent
     # (compare_config.json is written only at the end)
     settings = ", ".join(f"{k}={v}" for k, v in sorted(train.items()))
@@ -455,6 +486,9 @@ _WORKERS_HELP = (
     "(0: one after another in this process)"
 )
 _RAY_ADDRESS_HELP = "Ray cluster for --workers (default: $RAY_ADDRESS, else a local Ray)"
+_REFERENCE_HELP = (
+    "variant every other one is compared with in decisions.md/.csv (default: srpo, else the first)"
+)
 
 
 def _eval_k(suite: str, k: int | None) -> int:
@@ -495,8 +529,10 @@ def compare_cmd(
     clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
     workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
+    reference: str | None = typer.Option(None, help=_REFERENCE_HELP),
 ) -> None:
-    """Train each algorithm for each seed from MODEL and compare before/after accuracy."""
+    """Train each algorithm for each seed from MODEL and compare before/after accuracy; decide each
+    algorithm against the reference (decisions.md / decisions.csv)."""
     from benchmarks.presets import BASELINES as ALGORITHMS
 
     names = [a.strip() for a in algos.split(",") if a.strip()]
@@ -525,6 +561,7 @@ def compare_cmd(
         f"{suite}: algorithms",
         workers,
         ray_address,
+        reference,
     )
 
 
@@ -548,8 +585,10 @@ def ablation_cmd(
     clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
     workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
+    reference: str | None = typer.Option(None, help="variant the others are compared with (default: sqrt)"),
 ) -> None:
-    """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1."""
+    """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1, each decided against
+    the reference (decisions.md / decisions.csv)."""
     from benchmarks.presets import ABLATIONS
 
     train = _train_overrides(
@@ -574,6 +613,7 @@ def ablation_cmd(
         "SRPO normalisation ablation",
         workers,
         ray_address,
+        reference,
     )
 
 
@@ -588,18 +628,26 @@ def report_cmd(
     absolute: Annotated[
         bool, typer.Option("--absolute", help="Print rates as fractions instead of percent.")
     ] = False,
+    reference: Annotated[str | None, typer.Option(help=_REFERENCE_HELP)] = None,
 ) -> None:
     """Print the paper's table layout (methods x benchmarks + Avg., ± over seeds, bootstrap CIs)
     from the per-sample records saved under RUN_DIRS; write it as markdown, CSV and a bar plot."""
+    from benchmarks.compare import decision_frame, write_decisions
     from benchmarks.paper import load_runs, paper_tables, write_paper
 
     try:
         runs = load_runs(run_dirs)
         pt = paper_tables(runs, percent=not absolute)
+        by_method: dict[str, dict[int, Any]] = {}
+        for r in runs:
+            by_method.setdefault(r.method, {})[r.seed] = r.samples
+        decisions = decision_frame(by_method, reference)
     except (FileNotFoundError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="RUN_DIRS") from None
     typer.echo(pt.markdown())
-    for kind, path in write_paper(pt, out or run_dirs[0], runs).items():
+    _print_decisions(decisions, pt.suite)
+    written = {**write_paper(pt, out or run_dirs[0], runs), **write_decisions(decisions, out or run_dirs[0], pt.suite)}
+    for kind, path in written.items():
         typer.echo(f"wrote {kind}: {path}")
 
 
@@ -623,8 +671,10 @@ def quick_cmd(
     eval_limit: int | None = typer.Option(None, help="eval problems per dataset (default: per suite)"),
     workers: int = typer.Option(QUICK_WORKERS, min=0, help=_WORKERS_HELP),
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
+    reference: str = typer.Option("srpo", help=_REFERENCE_HELP),
 ) -> None:
-    """The main job: warm-started tiny models -> SRPO, GRPO, MAPPO per suite -> tables, records, page."""
+    """The main job: warm-started tiny models -> SRPO, GRPO, MAPPO per suite -> tables, records, page,
+    and each algorithm decided against the reference (decisions.md / decisions.csv per suite)."""
     import contextlib
     import time
 
@@ -650,6 +700,7 @@ def quick_cmd(
             eval_limit,
             workers,
             ray_address,
+            reference,
         )
     for name, path in sorted(_merge_quick_outputs(out, results).items()):
         typer.echo(f"wrote {name}: {path}")
@@ -667,6 +718,7 @@ def _quick_suites(
     eval_limit: int | None,
     workers: int,
     ray_address: str | None,
+    reference: str | None = None,
 ) -> dict[str, Any]:
     """Each suite of ``bench quick`` from its warm start: SRPO, GRPO and MAPPO x seeds, before/after."""
     from benchmarks.presets import ALGORITHMS
@@ -700,6 +752,7 @@ def _quick_suites(
             f"{name}: held-out Avg@{settings['eval_k']} before -> after RL (mean ± std over seeds)",
             workers,
             ray_address,
+            reference,
         )
     return results
 
@@ -731,15 +784,24 @@ def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     """Top-level files of ``bench quick``: every suite's records, one leaderboard, one curves figure."""
     import pandas as pd
 
-    from benchmarks.compare import write_records
-    from benchmarks.report import plot_suite_panels, to_markdown
+    from benchmarks.compare import decisions_markdown, write_records
+    from benchmarks.report import plot_suite_panels, to_markdown, write_csv
     from srpo_common import atomic_write_text
 
     records = [r for res in results.values() for r in res.records]
+    decisions = {name: res.decisions.to_dict(orient="records") for name, res in results.items()}
     # each suite's evidence files sit in OUT/<suite>/samples/; results.json needs them in OUT/samples/
-    paths = write_records(out, records, sample_dirs=[out / name for name in results])
+    paths = write_records(out, records, sample_dirs=[out / name for name in results], decisions=decisions)
     md = "".join(f"## {name}\n\n{to_markdown(res.table)}\n\n" for name, res in results.items())
     paths["comparison_md"] = atomic_write_text(out / "comparison.md", md)
+    frames = [res.decisions.assign(suite=name) for name, res in results.items() if not res.decisions.empty]
+    if frames:
+        paths["decisions_csv"] = write_csv(pd.concat(frames, ignore_index=True), out / "decisions.csv")
+        paths["decisions_md"] = atomic_write_text(
+            out / "decisions.md",
+            "\n".join(decisions_markdown(f.drop(columns="suite"), name) for name, f in zip(
+                [n for n, r in results.items() if not r.decisions.empty], frames, strict=True)),
+        )
     curves = [res.curves.assign(suite=name) for name, res in results.items() if not res.curves.empty]
     heldout = [res.runs.assign(suite=name) for name, res in results.items() if not res.runs.empty]
     if curves or heldout:  # one row per suite: training curve beside held-out before -> after

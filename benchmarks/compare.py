@@ -6,6 +6,9 @@ differences are paired. Outputs under ``out_dir``:
 
 * ``runs/<variant>-s<seed>/`` — each training run (metrics.jsonl, checkpoint, final model);
 * ``comparison.csv`` / ``comparison.md`` — before/after accuracy per variant, mean ± std over seeds;
+* ``decisions.csv`` / ``decisions.md`` (and ``decisions.json`` for the page) — every variant against the
+  reference (``CompareConfig.reference``): the paired difference with its 95% interval, P(improvement),
+  a verdict and the minimum detectable difference (:mod:`benchmarks.decide`);
 * ``curves.png`` — training accuracy per iteration, one line per variant with a ± band over seeds;
 * ``results.json`` — one validated leaderboard record per variant (and one for the start model),
   ``leaderboard.md`` and ``leaderboard.html``.
@@ -28,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from agents.policy import PolicyMap, SamplingParams
+from benchmarks import decide
 from benchmarks.evaluate import EvalResult, evaluate
 from benchmarks.paper import paper_tables, run_from_result, write_paper
 from benchmarks.presets import ABLATIONS, ALGORITHMS  # noqa: F401  (ABLATIONS re-exported)
@@ -56,6 +60,9 @@ class CompareConfig:
     max_new_tokens: int = 48
     workers: int = 0  # 0: every run in this process; N: N runs at a time as Ray tasks
     ray_address: str | None = None  # Ray cluster for the workers (default: $RAY_ADDRESS, else a local Ray)
+    # the variant every other one is compared with (None: srpo, else sqrt, else the first variant)
+    reference: str | None = None
+    margin: float = decide.MARGIN  # a difference inside +-margin (macro score units) is "equivalent"
 
 
 @dataclass
@@ -67,6 +74,8 @@ class ComparisonResult:
     paths: dict[str, Path]
     # long: variant, seed, iteration, k, count -- the team sizes chosen in each training rollout batch
     k_counts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # every variant against the reference: one row per variant (benchmarks.decide.Decision.row())
+    decisions: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 #: Per-iteration trainer metrics averaged over a run's iterations into its row of ``comparison.csv``
@@ -337,9 +346,67 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     paper = paper_tables(paper_runs)
     say(paper.markdown())
     paths.update({f"paper_{k}": v for k, v in write_paper(paper, out, paper_runs).items()})
+    decisions = decisions_of(cfg, evals)
+    paths.update(write_decisions(decisions, out, cfg.suite))
     records = _records(cfg, evals)
-    paths.update(write_records(out, records))
-    return ComparisonResult(table, runs_df, curves_df, records, paths, k_df)
+    paths.update(write_records(out, records, decisions={cfg.suite: decisions.to_dict(orient="records")}))
+    return ComparisonResult(table, runs_df, curves_df, records, paths, k_df, decisions)
+
+
+def reference_of(variants: Sequence[str], reference: str | None = None) -> str:
+    """The variant the others are compared with: ``reference`` when given (it must be a variant; ``sqrt``
+    also names the ablation's ``srpo-sqrt``), else srpo (the algorithm comparison), else srpo-sqrt (the
+    ablation's default normalisation), else the first."""
+    if reference is not None:
+        for name in (reference, f"srpo-{reference}"):
+            if name in variants:
+                return name
+        raise ValueError(f"reference {reference!r} is not a compared variant: {', '.join(variants)}")
+    return next((v for v in ("srpo", "srpo-sqrt", "sqrt") if v in variants), variants[0])
+
+
+def decisions_of(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) -> pd.DataFrame:
+    """Every variant against the reference on the runs' held-out samples, paired by seed and problem."""
+    samples = {n: {s: evals[(n, s)].samples for s in cfg.seeds} for n in cfg.variants}
+    return decision_frame(samples, cfg.reference, cfg.margin)
+
+
+def decision_frame(
+    samples: Mapping[str, Mapping[int, pd.DataFrame]],
+    reference: str | None = None,
+    margin: float = decide.MARGIN,
+) -> pd.DataFrame:
+    """``method -> seed -> per-sample frame`` -> one :class:`benchmarks.decide.Decision` row per method
+    other than the reference (:func:`reference_of`); the start model is not a variant and is left out.
+    Empty when fewer than two variants."""
+    names = [n for n in samples if n != START_LABEL]
+    if len(names) < 2:
+        return pd.DataFrame()
+    matrices = decide.score_matrices({n: samples[n] for n in names})
+    rows = decide.decision_table(matrices, reference_of(names, reference), margin=margin)
+    return pd.DataFrame([d.row() for d in rows])
+
+
+def write_decisions(decisions: pd.DataFrame, out: Path, title: str) -> dict[str, Path]:
+    """``decisions.csv`` (every number) and ``decisions.md`` (the formatted table and how to read it)."""
+    if decisions.empty:
+        return {}
+    return {
+        "decisions_csv": write_csv(decisions, out / "decisions.csv"),
+        "decisions_md": atomic_write_text(out / "decisions.md", decisions_markdown(decisions, title)),
+    }
+
+
+def decisions_markdown(decisions: pd.DataFrame, title: str) -> str:
+    """The decision table as markdown, with the margin, level and what MDE means spelled out."""
+    first = decisions.iloc[0]
+    return (
+        f"## {title}: each variant vs {first['reference']}\n\n"
+        + to_markdown(decide.format_decisions(decisions))
+        + "\n\n"
+        + decide.LEGEND.format(margin=100 * float(first["margin"]), seeds=int(first["n_seeds"]))
+        + "\n"
+    )
 
 
 def _summary_table(
@@ -474,11 +541,18 @@ def _records(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) ->
     return records
 
 
-def write_records(out: Path, records: Sequence[Any], sample_dirs: Sequence[Path] = ()) -> dict[str, Path]:
+def write_records(
+    out: Path,
+    records: Sequence[Any],
+    sample_dirs: Sequence[Path] = (),
+    decisions: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> dict[str, Path]:
     """``results.json`` (the records as one canonical-JSON list, written atomically) and the pages.
 
     Each record's evidence file must end up in ``out/samples/`` (where ``srpo leaderboard validate``
     and ``reproduce`` look for it, beside results.json); it is copied there from ``sample_dirs``.
+    ``decisions`` (suite -> rows of :func:`decisions_of`) goes to ``decisions.json`` beside it and onto
+    the pages as plain data (the leaderboard package imports no benchmark code).
     """
     from leaderboards.evidence import samples_path
     from leaderboards.render import write_leaderboard
@@ -498,6 +572,11 @@ def write_records(out: Path, records: Sequence[Any], sample_dirs: Sequence[Path]
 
     payload = "[\n" + ",\n".join(canonical_json(r.model_dump(mode="json")) for r in records) + "\n]\n"
     paths = {"results": atomic_write_text(out / "results.json", payload)}
-    written = write_leaderboard(list(records), out)
+    decisions = {suite: [decide.jsonable_row(r) for r in rows] for suite, rows in (decisions or {}).items() if rows}
+    if decisions:
+        paths["decisions_json"] = atomic_write_text(
+            out / "decisions.json", json.dumps(decisions, indent=1, sort_keys=True, allow_nan=False) + "\n"
+        )
+    written = write_leaderboard(list(records), out, decisions=decisions or None)
     paths.update({f"leaderboard_{k}": Path(v) for k, v in written.items()})
     return paths

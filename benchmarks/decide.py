@@ -630,7 +630,8 @@ def decide(
         iqm_high=hi,
         mde=mde(diff.components) if diff.n_seeds > 1 else float("nan"),
         margin=margin,
-        verdict=verdict(diff.low, diff.high, margin),
+        # one seed says nothing about training-seed variance: its interval covers problems only
+        verdict=verdict(diff.low, diff.high, margin) if diff.n_seeds > 1 else "undecided",
         shares=diff.components.shares(),
     )
 
@@ -655,3 +656,50 @@ def decision_table(
         for name, m in matrices.items()
         if name != reference and not skip(name)
     ]
+
+
+#: How to read a decision table (``.format(margin=points, seeds=n)``), printed under every one.
+LEGEND = (
+    "Δ = variant - reference, macro score in points (each dataset weighs the same), mean over {seeds} "
+    "training seed(s) paired by seed and problem; 95% CI: two-level bootstrap-t (training seeds, then "
+    "problems by dataset); P(A>B): probability of improvement over seed pairs; verdict: better/worse "
+    "when the CI excludes 0, equivalent when it lies inside ±{margin:g} pt, else undecided; MDE: the "
+    "smallest true Δ this design detects with 80% power."
+)
+
+#: Columns of a decision row that go to ``decisions.json`` and the leaderboard page.
+PAGE_KEYS = ("variant", "reference", "n_seeds", "delta", "low", "high", "p_improvement", "verdict", "mde",
+             "margin")
+
+
+def format_decisions(decisions: pd.DataFrame) -> pd.DataFrame:
+    """The decision rows as the printed table: points with one decimal, the CI as ``[low, high]``."""
+
+    def pt(x: float) -> str:
+        return "-" if not np.isfinite(x) else f"{100 * x:+.1f}"
+
+    return pd.DataFrame(
+        {
+            "variant": decisions["variant"],
+            "vs": decisions["reference"],
+            "Δ (pt)": decisions["delta"].map(pt),
+            "95% CI (pt)": [f"[{pt(lo)}, {pt(hi)}]" for lo, hi in zip(decisions["low"], decisions["high"], strict=True)],
+            "P(A>B)": decisions["p_improvement"].map(lambda x: f"{x:.2f}"),
+            "verdict": decisions["verdict"],
+            "MDE (pt)": decisions["mde"].map(lambda x: "-" if not np.isfinite(x) else f"{100 * x:.1f}"),
+            "seeds": decisions["n_seeds"].astype(int),
+        }
+    )
+
+
+def jsonable_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A decision row reduced to :data:`PAGE_KEYS`, NaN/inf as None (strict JSON)."""
+    out: dict[str, Any] = {}
+    for key in PAGE_KEYS:
+        value = row.get(key)
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None
+        out[key] = value
+    return out

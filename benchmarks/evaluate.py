@@ -678,10 +678,11 @@ def _progress_bar(total: int, desc: str, enabled: bool) -> Any:
 
 def print_table(result: EvalResult, console: Any = None) -> Any:
     """Print the per-dataset table and the macro row with rich; returns the ``rich.table.Table``."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from benchmarks.report import make_console
+
+    console = console or make_console()
     ks = result.ks
     table = Table(
         title=f"{result.suite} / {result.workflow} / k={result.k}",

@@ -24,6 +24,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "format_mean_std",
+    "make_console",
     "plot_k_histogram",
     "plot_k_over_training",
     "plot_learning_curves",
@@ -35,6 +36,20 @@ __all__ = [
     "write_markdown",
     "write_tables",
 ]
+
+
+#: Width of the console when stdout is not a terminal: wide enough that no table is ever cut.
+UNBOUNDED_WIDTH = 100_000
+
+
+def make_console(**kwargs: object) -> object:
+    """A :class:`rich.console.Console` that prints tables whole. On a terminal it takes the terminal's
+    width; elsewhere (a log file, a pipe, CI) rich would assume 80 columns and cut every cell of a wide
+    comparison table to "0.6…", so the width is unbounded there (a table is as wide as its content)."""
+    from rich.console import Console
+
+    console = Console(**kwargs)  # type: ignore[arg-type]
+    return console if console.is_terminal else Console(width=UNBOUNDED_WIDTH, **kwargs)  # type: ignore[arg-type]
 
 
 def format_mean_std(mean: float, std: float, digits: int = 3) -> str:

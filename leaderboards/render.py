@@ -42,6 +42,10 @@ __all__ = [
 _MISSING = "—"
 #: Per record hash, the tags shown in the Status column (``verified``/``unverified``, ``reproduced``).
 Status = Mapping[str, Sequence[str]]
+#: Per suite, the decision rows of a comparison (``decisions.json`` of ``srpo bench compare``): each a
+#: mapping with variant, reference, n_seeds, delta, low, high, p_improvement, verdict, mde, margin
+#: (macro score units; None where undefined). Plain data: this package imports no benchmark code.
+Decisions = Mapping[str, Sequence[Mapping[str, object]]]
 
 
 def choose_metric(records: Sequence[LeaderboardRecord]) -> str:
@@ -205,8 +209,45 @@ def _md_rows(
     return lines
 
 
+def _pt(value: object, signed: bool = True) -> str:
+    if not isinstance(value, int | float):
+        return _MISSING
+    return f"{100 * value:+.1f}" if signed else f"{100 * value:.1f}"
+
+
+def _decision_cells(row: Mapping[str, object]) -> list[str]:
+    """variant, reference, Δ, CI, P(A>B), verdict, MDE, seeds of one decision row, as text."""
+    p = row.get("p_improvement")
+    return [
+        str(row.get("variant", "")),
+        str(row.get("reference", "")),
+        _pt(row.get("delta")),
+        f"[{_pt(row.get('low'))}, {_pt(row.get('high'))}]",
+        f"{p:.2f}" if isinstance(p, int | float) else _MISSING,
+        str(row.get("verdict", "")),
+        _pt(row.get("mde"), signed=False),
+        str(row.get("n_seeds", "")),
+    ]
+
+
+_DECISION_HEAD = ["Variant", "vs", "Δ (pt)", "95% CI (pt)", "P(A>B)", "Verdict", "MDE (pt)", "Seeds"]
+
+
+def _decision_note(rows: Sequence[Mapping[str, object]]) -> str:
+    margin = rows[0].get("margin")
+    margin_pt = f"±{100 * margin:g} pt" if isinstance(margin, int | float) else "the margin"
+    return (
+        "Paired by training seed and problem: Δ = variant - reference (macro, points), 95% two-level "
+        f"bootstrap CI, P(A>B) over seed pairs; equivalent = CI inside {margin_pt}; MDE = smallest Δ "
+        "detected with 80% power."
+    )
+
+
 def render_markdown(
-    records: Iterable[LeaderboardRecord], metric: str | None = None, status: Status | None = None
+    records: Iterable[LeaderboardRecord],
+    metric: str | None = None,
+    status: Status | None = None,
+    decisions: Decisions | None = None,
 ) -> str:
     """Markdown with one section and table per suite (columns: rank, name, algorithm, model,
     workflow, datasets..., macro, k, seeds, date, status, record hash); partial records follow in a
@@ -238,6 +279,11 @@ def render_markdown(
                 lines += ["No full-suite records.", ""]
                 continue
             lines += ["| " + " | ".join(head) + " |", rule, *_md_rows(tab, rows, ranks, status), ""]
+        dec = (decisions or {}).get(tab.suite) or []
+        if dec:
+            lines += ["### Decisions", "", _decision_note(dec), ""]
+            lines += ["| " + " | ".join(_DECISION_HEAD) + " |", "|" + "|".join([":---"] * 2 + ["---:"] * 3 + [":---"] + ["---:"] * 2) + "|"]
+            lines += ["| " + " | ".join(_md_text(c) for c in _decision_cells(r)) + " |" for r in dec] + [""]
     return "\n".join(lines)
 
 
@@ -255,6 +301,10 @@ table.lb td.num{white-space:nowrap}
 table.lb th{overflow-wrap:anywhere;hyphens:auto}
 table.lb td.num .pm{display:block;color:#59636e;font-size:.75rem}
 table.lb td.status{font-size:.75rem}
+table.dec{border-collapse:collapse;font-size:.85rem}
+table.dec th,table.dec td{border-bottom:1px solid #d1d9e0;padding:.3rem .6rem;text-align:left}
+table.dec td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+table.dec td.better{color:#1a7f37;font-weight:600}table.dec td.worse{color:#cf222e;font-weight:600}
 table.lb .weights,table.lb td.record code{color:#59636e;font-size:.75rem}
 table.lb th{cursor:pointer;user-select:none;background:#f6f8fa;position:sticky;top:0}
 table.lb th:focus{outline:2px solid #0969da}
@@ -446,11 +496,31 @@ def _html_table(
     )
 
 
+def _decisions_html(suite: str, rows: Sequence[Mapping[str, object]]) -> str:
+    """The suite's decision table (``data-decisions``), not sortable: its order is the comparison's."""
+    heads = "".join(f"<th>{_e(h)}</th>" for h in _DECISION_HEAD)
+    body = []
+    for row in rows:
+        cells = _decision_cells(row)
+        tds = [f"<td>{_e(cells[0])}</td>", f"<td>{_e(cells[1])}</td>"]
+        tds += [f'<td class="num">{_e(c)}</td>' for c in cells[2:5]]
+        tds.append(f'<td class="{_e(cells[5])}">{_e(cells[5])}</td>')
+        tds += [f'<td class="num">{_e(c)}</td>' for c in cells[6:]]
+        body.append(f'<tr data-variant="{_e(cells[0])}">' + "".join(tds) + "</tr>")
+    return (
+        f'<h3>Decisions</h3><p class="meta">{_e(_decision_note(rows))}</p>'
+        f'<table class="dec" data-decisions="{_e(suite)}"><thead><tr>{heads}</tr></thead>\n<tbody>\n'
+        + "\n".join(body)
+        + "\n</tbody></table>"
+    )
+
+
 def render_html(
     records: Iterable[LeaderboardRecord],
     metric: str | None = None,
     title: str = "srpo leaderboard",
     status: Status | None = None,
+    decisions: Decisions | None = None,
 ) -> str:
     """A complete, self-contained HTML page (inline CSS/JS, no external resources).
 
@@ -458,7 +528,8 @@ def render_html(
     clash with the macro column); the URL fragment also accepts the bare dataset name when it does
     not clash. Other keys: rank, name, algorithm, model, workflow, macro, k, seeds, date, status,
     record. Each table has ``data-group="full"`` or ``"partial"``; the fragment sorts the full one.
-    ``status`` maps record hashes to the tags of the Status column (default: ``unverified``).
+    ``status`` maps record hashes to the tags of the Status column (default: ``unverified``);
+    ``decisions`` adds each suite's decision table (:data:`Decisions`) under its records.
     """
     tables = suite_tables(records, metric)
     parts = [
@@ -501,6 +572,8 @@ def render_html(
                 "(a limit or a dataset subset): ranked apart.</p>",
                 _html_table(tab, tab.partial, tab.partial_ranks, "partial", status),
             ]
+        if (decisions or {}).get(tab.suite):
+            parts.append(_decisions_html(tab.suite, (decisions or {})[tab.suite]))
         parts.append("</section>")
     parts += [f"<script>\n{_JS}\n</script>", "</body>", "</html>", ""]
     return "\n".join(parts)
@@ -512,11 +585,14 @@ def write_leaderboard(
     metric: str | None = None,
     title: str = "srpo leaderboard",
     status: Status | None = None,
+    decisions: Decisions | None = None,
 ) -> dict[str, Path]:
     """Atomically write ``leaderboard.md`` and ``leaderboard.html`` (mode 0644) into ``out_dir``."""
     records = list(records)
     out = Path(out_dir)
     return {
-        "md": atomic_write_text(out / "leaderboard.md", render_markdown(records, metric, status)),
-        "html": atomic_write_text(out / "leaderboard.html", render_html(records, metric, title, status)),
+        "md": atomic_write_text(out / "leaderboard.md", render_markdown(records, metric, status, decisions)),
+        "html": atomic_write_text(
+            out / "leaderboard.html", render_html(records, metric, title, status, decisions)
+        ),
     }

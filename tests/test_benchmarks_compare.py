@@ -36,6 +36,13 @@ def test_comparison_writes_tables_curves_records(tiny_model_dir: Path, tmp_path:
         validate_record(rec)
         assert rec["seeds"] == [0, 1] and rec["suite"] == "quick-math"
     assert "srpo-k1" in (tmp_path / "leaderboard.md").read_text()
+    # issue 27: every variant decided against the reference (the first here: neither srpo nor sqrt ran)
+    assert list(result.decisions["variant"]) == ["grpo"] and set(result.decisions["reference"]) == {"srpo-k1"}
+    assert result.decisions.loc[0, "verdict"] in {"better", "worse", "equivalent", "undecided"}
+    for name in ("decisions.csv", "decisions.md", "decisions.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert json.loads((tmp_path / "decisions.json").read_text())["quick-math"][0]["variant"] == "grpo"
+    assert 'data-decisions="quick-math"' in (tmp_path / "leaderboard.html").read_text()
 
 
 @pytest.mark.slow

@@ -233,3 +233,42 @@ def test_score_matrices_from_sample_tables() -> None:
     other = _samples([[1, 1], [0, 1], [0, 0]], [3])  # other problems: refused, not intersected
     with pytest.raises(ValueError, match="other problems"):
         D.score_matrices({"A": {0: a0}, "B": {0: other}})
+
+
+def _saved_run(root, method: str, seed: int, p_correct: float) -> None:  # noqa: ANN001
+    """An eval directory as ``EvalResult.save`` writes it (eval.json + per-sample parquet)."""
+    import json
+
+    rng = np.random.default_rng(seed * 100 + int(p_correct * 10))
+    rows = [
+        {"dataset": ds, "problem_id": f"{ds}-{p}", "sample_idx": g, "correct": bool(rng.random() < p_correct),
+         "team_tokens": 10.0, "tool_calls": 0.0, "ks": [2, 1], "inputs": 2, "inputs_truncated": 0}
+        for ds in ("d1", "d2") for p in range(20) for g in range(4)
+    ]
+    out = root / method / f"seed{seed}"
+    out.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(out / "eval_samples.parquet")
+    info = {"method": method, "config": {"seed": seed, "datasets": [{"name": "d1"}, {"name": "d2"}]}}
+    summary = {"suite": "quick-math", "workflow": "proposers-aggregator", "k": 4, "datasets": {}, "run_info": info}
+    (out / "eval.json").write_text(json.dumps(summary))
+
+
+def test_bench_report_writes_decisions(tmp_path) -> None:  # noqa: ANN001
+    """`srpo bench report` decides every method against the reference from saved per-sample records."""
+    from typer.testing import CliRunner
+
+    from benchmarks.cli import app
+
+    for seed in range(5):
+        _saved_run(tmp_path, "srpo", seed, 0.3)
+        _saved_run(tmp_path, "grpo", seed, 0.8)  # far better: the interval must exclude 0
+        _saved_run(tmp_path, "start (SFT)", seed, 0.1)  # the start model is no variant
+    res = CliRunner().invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(tmp_path / "rep" / "decisions.csv")
+    assert list(table["variant"]) == ["grpo"] and list(table["reference"]) == ["srpo"]
+    assert table.loc[0, "verdict"] == "better" and table.loc[0, "low"] > 0.3
+    assert "each variant vs srpo" in (tmp_path / "rep" / "decisions.md").read_text()
+    assert "decisions vs srpo" in res.output and "better" in res.output
+    res = CliRunner().invoke(app, ["report", str(tmp_path), "--reference", "nope"])
+    assert res.exit_code != 0 and "not a compared variant" in res.output

@@ -330,3 +330,94 @@ def test_shared_ranks_intervals_and_1280px_fit(chromium, tmp_path) -> None:
     assert viewport == 1280
     assert int(dom.root_attrs["data-table-right"]) <= viewport
     assert int(dom.root_attrs["data-page-width"]) <= viewport
+
+
+# ----------------------------------------------------------------------------------- decision table
+
+DECISIONS = {
+    "math": [
+        {"variant": "grpo", "reference": "srpo", "n_seeds": 10, "delta": -0.012, "low": -0.031, "high": 0.007,
+         "p_improvement": 0.41, "verdict": "undecided", "mde": 0.027, "margin": 0.02},
+        {"variant": EVIL, "reference": "srpo", "n_seeds": 10, "delta": 0.05, "low": 0.021, "high": 0.079,
+         "p_improvement": 0.93, "verdict": "better", "mde": 0.027, "margin": 0.02},
+        {"variant": "k1", "reference": "srpo", "n_seeds": 1, "delta": 0.0, "low": None, "high": None,
+         "p_improvement": 0.5, "verdict": "undecided", "mde": None, "margin": 0.02},
+    ]
+}
+
+
+class DecisionReader(HTMLParser):
+    """Rows (cell texts and classes) of every ``table.dec``, keyed by its ``data-decisions`` suite."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: dict[str, list[list[tuple[str, str]]]] = {}
+        self._rows: list | None = None
+        self._cell: list[str] | None = None
+        self._cls = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "table" and "dec" in (a.get("class") or "").split():
+            self._rows = self.tables.setdefault(a["data-decisions"] or "", [])
+        elif self._rows is not None and tag == "tr" and a.get("data-variant") is not None:
+            self._rows.append([])
+        elif self._rows is not None and tag == "td":
+            self._cell, self._cls = [], a.get("class") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._cell is not None and self._rows is not None:
+            self._rows[-1].append(("".join(self._cell).strip(), self._cls))
+            self._cell = None
+        elif tag == "table":
+            self._rows = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def test_decision_table_per_suite_in_the_browser(chromium, tmp_path) -> None:
+    """Issue 27: the page shows each suite's decisions (Δ, CI, P(A>B), verdict, MDE) under its records,
+    escaped, untouched by the sorter, within 1280 px; a screenshot is taken of it."""
+    page = tmp_path / "decisions.html"
+    page.write_text(render_html(RECORDS, decisions=DECISIONS).replace("</body>", MEASURE))
+    proc = subprocess.run(
+        [str(chromium), *FLAGS, "--window-size=1280,900", f"--user-data-dir={tmp_path / 'p'}", "--dump-dom",
+         page.as_uri() + "#sort=math:name:asc"],
+        capture_output=True, text=True, timeout=90, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dom, dec = TableReader(), DecisionReader()
+    dom.feed(proc.stdout)
+    dec.feed(proc.stdout)
+    assert dom.root_attrs.get("data-js") == "ready"
+    assert column(dom.tables["math"], "name") == [EVIL, "alpha", "mid"]  # the records' sorter still works
+    assert set(dec.tables) == {"math"}  # only the suite that has decisions
+    rows = dec.tables["math"]
+    assert [[c for c, _ in r] for r in rows] == [
+        ["grpo", "srpo", "-1.2", "[-3.1, +0.7]", "0.41", "undecided", "2.7", "10"],
+        [EVIL, "srpo", "+5.0", "[+2.1, +7.9]", "0.93", "better", "2.7", "10"],
+        ["k1", "srpo", "+0.0", "[—, —]", "0.50", "undecided", "—", "1"],
+    ]  # order as given (the comparison's), text verbatim, missing numbers as —
+    assert rows[1][5][1] == "better"  # the verdict cell carries its class (colour)
+    assert int(dom.root_attrs["data-page-width"]) <= 1280
+    shot = tmp_path / "decisions.png"
+    proc = subprocess.run(
+        [str(chromium), *FLAGS, "--window-size=1280,1400", f"--user-data-dir={tmp_path / 'q'}",
+         f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, text=True, timeout=90, check=False,
+    )
+    assert proc.returncode == 0 and shot.stat().st_size > 10_000, proc.stderr[-3000:]
+    if os.environ.get("SRPO_KEEP_SCREENSHOT"):
+        Path(os.environ["SRPO_KEEP_SCREENSHOT"]).write_bytes(shot.read_bytes())
+
+
+def test_decision_table_in_markdown() -> None:
+    from leaderboards.render import render_markdown
+
+    md = render_markdown(RECORDS, decisions=DECISIONS)
+    math_part = md.split("## qa")[0]
+    assert "### Decisions" in math_part and r"| grpo | srpo | -1.2 | \[-3.1, +0.7\] | 0.41 | undecided | 2.7 | 10 |" in md
+    assert "inside ±2 pt" in md
+    assert "### Decisions" not in md.split("## qa")[1]
