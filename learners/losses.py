@@ -52,6 +52,7 @@ __all__ = [
     "register_policy_loss",
     "LOG_RATIO_CLAMP",
     "POLICY_LOSSES",
+    "RATIO_LEVELS",
     "aggregate",
     "entropy_from_logits",
     "grpo_loss",
@@ -72,6 +73,8 @@ LOG_RATIO_CLAMP = 20.0
 Stats = dict[str, float]
 
 DENOMINATOR_UNITS = ("events", "members", "rows", "tokens")
+RATIO_LEVELS = ("token", "sequence", "event")
+"""Where a loss's importance ratio lives: per token (GRPO/PPO), per sequence (GSPO) or per event (SRPO)."""
 """What a loss averages over: events, members (every row), rows with at least one loss token, loss
 tokens. Gradient accumulation divides every micro-batch's sum by the *whole minibatch's* count."""
 
@@ -341,6 +344,7 @@ def srpo_loss(
     norm: str = "sqrt",
     num_events: int | float | None = None,
     clip_eps_high: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     """SRPO event-level clipped surrogate.
 
@@ -357,6 +361,16 @@ def srpo_loss(
             accumulated over several minibatches, pass the step's total event count so the sum of the
             minibatch losses equals the full-batch loss.
         clip_eps_high: optional asymmetric upper clip (DAPO "clip-higher").
+        token_weights: optional ``[R, T]`` detached per-token weights ``w`` (truncated importance
+            sampling between the rollout and the training policy: one weight per token, per row, or
+            one per event repeated on its rows' tokens). They weight each member token's share of the
+            event's gradient and leave the ratio's *value* alone, in the stop-gradient form
+            ``L_e = sg[L_e] + sum_{j in e} sum_t w_jt (lp_jt - sg[lp_jt]) / c(K_e)`` (GSPO's, see
+            :func:`gspo_loss`): the clip decides on the same ``rho_e``, and the unclipped gradient
+            becomes ``A_e rho_e / c(K_e) sum_j sum_t w_jt grad lp_jt``, so a row weighted 2.0 pulls
+            twice as hard as one weighted 0.5 *inside* one event, and an event-level weight ``w_e``
+            on all of an event's tokens scales that event's gradient by ``w_e``. ``w = 1`` is
+            exactly the unweighted loss; the loss value is the unweighted one.
 
     Maths: member log-ratio ``l_j = sum_t mask * (logprobs - old_logprobs)``; event log-ratio
     ``L_e = sum_{j in e} l_j / c(K_e)`` with ``K_e`` the number of rows of event ``e``;
@@ -403,6 +417,10 @@ def srpo_loss(
     k = k_all[:n_ev]
 
     member = _masked_log_ratio(logprobs, old_logprobs, mask).sum(-1)  # l_j, [R]
+    if token_weights is not None:  # same value, each token's gradient times its weight
+        w = _checked_token_weights(token_weights, logprobs)
+        zero_valued = _masked_log_ratio(logprobs, logprobs.detach(), mask)  # value 0, gradient grad lp
+        member = member.detach() + masked_sum(zero_valued * w, mask, dim=-1)
     summed = torch.zeros(n_ev + 1, dtype=dtype, device=device).index_add(0, safe, member)[:n_ev]
     log_ratio = summed / norm_fn(k.clamp_min(1.0))  # L_e, [E] (clamp: empty events raise below)
     rho = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -714,10 +732,13 @@ class LossConfig:
     minibatch when it is accumulated over micro-batches; None = this call's own count.
 
     ``token_weights``: optional ``[R, T]`` per-token weights on the surrogate, aligned with the call's
-    ``logprobs`` (token-level truncated importance sampling, :func:`learners.offpolicy.tis_weights`).
-    Why a config field and not a sixth argument: every registered loss keeps one signature, and only
-    losses registered with ``token_weights=True`` accept it (:class:`PolicyLoss` refuses it for the
-    others, e.g. SRPO, whose ratio is per event, so a per-token weight has no place in it).
+    ``logprobs``: truncated importance sampling (:func:`learners.offpolicy.tis_weights`) at token,
+    sequence or event level, a per-row or per-event weight repeated on its tokens, so that every row
+    gets its *own* weight in every loss (an event loss such as SRPO reduces per-row advantages to one
+    per event, so a weight folded into the advantages would reach one member only). Why a config
+    field and not a sixth argument: every registered loss keeps one signature, and only losses
+    registered with ``token_weights=True`` accept it (:class:`PolicyLoss` refuses it for the others
+    rather than silently ignoring it).
     """
 
     clip_eps: float = 0.2
@@ -738,13 +759,16 @@ PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, LossConfig], tu
 @dataclass(frozen=True)
 class PolicyLoss:
     """A registered policy loss, the unit its mean is over (a function of the config, since an
-    aggregation mode or an event norm can change it) and whether it accepts per-token weights
-    (``LossConfig.token_weights``)."""
+    aggregation mode or an event norm can change it), whether it accepts per-token weights
+    (``LossConfig.token_weights``) and the level its importance ratio lives at (``token``,
+    ``sequence`` or ``event``; also a function of the config): the default level of truncated
+    importance sampling (``--tis auto``), as in verl, where a per-token loss takes per-token weights."""
 
     name: str
     fn: PolicyLossFn
     unit: Callable[[LossConfig], str]
     token_weights: bool = False
+    ratio_level: Callable[[LossConfig], str] = lambda cfg: "token"
 
     def __call__(self, *args: Tensor | LossConfig) -> tuple[Tensor, Stats]:
         cfg = args[-1]
@@ -761,7 +785,10 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
 def register_policy_loss(
-    name: str, unit: str | Callable[[LossConfig], str] = "tokens", token_weights: bool = False
+    name: str,
+    unit: str | Callable[[LossConfig], str] = "tokens",
+    token_weights: bool = False,
+    ratio_level: str | Callable[[LossConfig], str] = "token",
 ) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Register a policy loss with the uniform signature :data:`PolicyLossFn` (decorator).
 
@@ -770,15 +797,22 @@ def register_policy_loss(
     passes it as ``cfg.denominator`` so micro-batch gradients sum to the big-batch gradient.
     ``token_weights``: the loss applies ``cfg.token_weights`` (per-token truncated importance
     weights); losses that do not are refused them rather than silently ignoring them.
+    ``ratio_level``: ``token``, ``sequence`` or ``event`` (:data:`RATIO_LEVELS`), or a function of the
+    config returning one: where the loss's importance ratio lives (the ``--tis auto`` level).
     """
     if isinstance(unit, str):
         if unit not in DENOMINATOR_UNITS:
             raise ValueError(f"unit must be one of {DENOMINATOR_UNITS}, got {unit!r}")
         fixed = unit
         unit = lambda cfg: fixed  # noqa: E731
+    if isinstance(ratio_level, str):
+        if ratio_level not in RATIO_LEVELS:
+            raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+        level = ratio_level
+        ratio_level = lambda cfg: level  # noqa: E731
 
     def deco(fn: PolicyLossFn) -> PolicyLossFn:
-        POLICY_LOSSES[name] = PolicyLoss(name, fn, unit, token_weights)
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, unit, token_weights, ratio_level)
         return fn
 
     return deco
@@ -793,14 +827,32 @@ def get_policy_loss(name: str) -> PolicyLoss:
 
 
 def _event_advantages(advantages: Tensor, event_index: Tensor) -> Tensor:
-    """``[E]`` per-event advantages from per-row ones (rows of an event share the value)."""
+    """``[E]`` per-event advantages from per-row ones (rows of an event share the value).
+
+    Rows of one event that disagree are an error, not a silent pick of one of them: a per-row weight
+    folded into the advantages would otherwise reach one member and be applied to all (per-row
+    weights belong in ``LossConfig.token_weights``)."""
     n = int(event_index.max()) + 1
-    return torch.zeros(n, dtype=advantages.dtype, device=advantages.device).index_copy(
-        0, event_index.to(advantages.device), advantages
-    )
+    idx = event_index.to(advantages.device)
+    per_event = torch.zeros(n, dtype=advantages.dtype, device=advantages.device).index_copy(0, idx, advantages)
+    if not torch.equal(per_event[idx], advantages):
+        raise ValueError(
+            "rows of one event carry different advantages; SRPO has one advantage per event (per-row "
+            "weights go in LossConfig.token_weights)"
+        )
+    return per_event
 
 
-@register_policy_loss("srpo", unit=lambda cfg: "members" if members_as_events(cfg.norm) else "events")
+def _srpo_ratio_level(cfg: LossConfig) -> str:
+    return "sequence" if members_as_events(cfg.norm) else "event"
+
+
+@register_policy_loss(
+    "srpo",
+    unit=lambda cfg: "members" if members_as_events(cfg.norm) else "events",
+    token_weights=True,
+    ratio_level=_srpo_ratio_level,
+)
 def _srpo_policy_loss(
     logprobs: Tensor, old: Tensor, mask: Tensor, advantages: Tensor, event_index: Tensor, cfg: LossConfig
 ) -> tuple[Tensor, Stats]:
@@ -815,6 +867,7 @@ def _srpo_policy_loss(
         norm=cfg.norm,
         num_events=cfg.denominator,
         clip_eps_high=cfg.clip_eps_high,
+        token_weights=cfg.token_weights,
     )
 
 
@@ -845,7 +898,7 @@ def _ppo_policy_loss(
     return _grpo_policy_loss(logprobs, old, mask, advantages, event_index, cfg)
 
 
-@register_policy_loss("gspo", unit="rows", token_weights=True)
+@register_policy_loss("gspo", unit="rows", token_weights=True, ratio_level="sequence")
 def _gspo_policy_loss(
     logprobs: Tensor, old: Tensor, mask: Tensor, advantages: Tensor, event_index: Tensor, cfg: LossConfig
 ) -> tuple[Tensor, Stats]:

@@ -8,13 +8,14 @@ generates elsewhere is gathered here, behind a few calls the loop makes:
   whose batch every other rank receives. Several ranks without Ray: each rank collects a contiguous
   share of the tasks and the shares are gathered in rank order. Either way every rank ends with the
   same rollout batch, so advantages and group statistics are computed over the whole batch.
-* :meth:`ScaleOut.prepare` — rows older than ``max_policy_lag`` versions are refused (whole events);
-  with the vLLM backend the learner recomputes the rollout tokens' log-probs (``pi_old``, the PPO
-  ratio's denominator), logs the mismatch (``rollout/logprob_abs_diff``, ``rollout/kl``) and returns
-  truncated importance weights: per row (sequence level, or event level for event losses such as
-  SRPO), which the trainer multiplies into the advantages (:func:`learners.offpolicy.tis_row_weights`
-  says why that equals weighting the loss), or per token (``tis="token"``), which cannot be folded
-  into a per-row advantage and reach the loss as ``LossConfig.token_weights``.
+* :meth:`ScaleOut.prepare` — rows older than the learner's weights are refused (whole events: in this
+  synchronous loop every row comes from the current weights, so a stale row means a worker missed a
+  weight push); with the vLLM backend, or bf16 autocast, the learner recomputes the rollout tokens'
+  log-probs (``pi_old``, the PPO ratio's denominator) with its own training forward (same autocast,
+  so the first ratio of an update is 1), logs the mismatch (``rollout/logprob_abs_diff``,
+  ``rollout/kl``) and returns truncated importance weights ``[R, T]`` at the loss's ratio level by
+  default (token for GRPO/PPO, sequence for GSPO, event for SRPO) — per row or per event weights
+  repeated on the rows' tokens — which reach every loss as ``LossConfig.token_weights``.
 * :meth:`ScaleOut.shard` / :meth:`ScaleOut.reduce_gradients` — this rank's event-atomic share of a
   minibatch and the gradient all-reduce after its backward passes (:mod:`learners.distributed`).
   With ``dp_engine="fsdp2"`` the models are sharded instead (:meth:`ScaleOut.shard_models`), the
@@ -50,7 +51,7 @@ from learners.distributed import (
     load_full_model_state,
     load_full_optimizer_state,
 )
-from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_row_weights, tis_weights
+from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_row_weights, tis_stats, tis_weights
 
 if TYPE_CHECKING:
     from learners.trainer import Trainer
@@ -58,9 +59,9 @@ if TYPE_CHECKING:
 __all__ = ["BACKENDS", "TIS_MODES", "ScaleOut"]
 
 BACKENDS = ("hf", "vllm")
-#: ``auto``: event-level weights for event losses (SRPO), sequence-level for the others, and only when
-#: rollouts come from another engine (vLLM); ``off``: never; ``token``: one weight per token (only for
-#: losses registered with ``token_weights=True``; SRPO's event ratio refuses it, see TrainConfig).
+#: ``auto``: only when rollouts come from another engine (vLLM), at the level of the loss's own ratio
+#: (:attr:`learners.losses.PolicyLoss.ratio_level`: token for GRPO/PPO as verl's default, sequence for
+#: GSPO, event for SRPO); ``off``: never; ``token`` / ``sequence`` / ``event``: that level.
 TIS_MODES = ("auto", "off", "token", "sequence", "event")
 
 
@@ -196,45 +197,46 @@ class ScaleOut:
         self._synced = versions
 
     # ------------------------------------------------------------------ off-policy corrections
-    def tis_level(self, event_loss: bool) -> str | None:
+    def tis_level(self, ratio_level: str) -> str | None:
+        """The TIS level of this run: None (off, or ``auto`` with HF rollouts), else ``tis`` or, for
+        ``auto``, the loss's ``ratio_level``."""
         mode = self.cfg.tis
         if mode == "off" or (mode == "auto" and self.cfg.backend == "hf"):
             return None
-        if mode == "auto":
-            return "event" if event_loss else "sequence"
-        return mode
+        return ratio_level if mode == "auto" else mode
+
+    def recomputes_pi_old(self) -> bool:
+        """Whether :meth:`prepare` replaces the rows' behaviour log-probs with the learner's recompute:
+        with another rollout engine (vLLM), and under bf16 autocast, where the rollout's float32
+        log-probs are not those of the training forward (the first ratio would not be 1)."""
+        return self.cfg.backend != "hf" or self.cfg.dtype == "bfloat16"
 
     def prepare(
-        self, batch: RolloutBatch, event_loss: bool
+        self, batch: RolloutBatch, ratio_level: str = "token", norm: str = "sum"
     ) -> tuple[RolloutBatch, torch.Tensor | None, dict]:
-        """Refuse stale events; with another rollout engine, recompute ``pi_old`` and the TIS weights.
+        """Refuse stale events; recompute ``pi_old`` (:meth:`recomputes_pi_old`) and the TIS weights.
 
-        Returns ``(batch, weights or None, stats)``; ``weights`` is in row order: ``[R]`` (sequence or
-        event level, one weight per row) or ``[R, T]`` (token level, ``T`` the batch's longest response,
-        0 on padding and env text). Stats: ``rollout/tis_weight_mean`` (over rows, or over loss tokens
-        at token level) and ``rollout/tis_capped_frac`` (the fraction of those whose ratio hit the cap).
+        ``ratio_level``: the loss's (``--tis auto`` uses it); ``norm``: the ``c(K)`` of the event-level
+        weight (SRPO's set normalisation, :func:`learners.offpolicy.tis_row_weights`).
+
+        Returns ``(batch, weights or None, stats)``; ``weights`` is ``[R, T]`` in row order (``T`` the
+        batch's longest response, 0 on padding and env text): per token, or a row's / event's weight
+        repeated on its tokens, for ``LossConfig.token_weights``. Stats (:func:`tis_stats`):
+        ``rollout/tis_weight_mean``, ``rollout/tis_capped_frac`` and ``rollout/tis_ess`` (over loss
+        tokens at token level, over rows otherwise).
         """
         trainer, cfg = self.trainer, self.cfg
         rows, refused = refuse_stale_events(
-            batch.rows, lambda r: int(trainer.policies[r.role].policy_version), cfg.max_policy_lag
+            batch.rows, lambda r: int(trainer.policies[r.role].policy_version), max_lag=0
         )
         stats: dict[str, Any] = {"rollout/refused_events": float(refused)}
         if refused:
             batch = replace(batch, rows=rows)
-        if cfg.backend == "hf" or not rows:
+        if not self.recomputes_pi_old() or not rows:
             return batch, None, stats
-        # pi_old: the learner's log-probs of the rollout tokens under the weights that generated them
-        recomputed: list[list[float]] = [[] for _ in rows]
-        by_policy: dict[int, tuple[Any, list[int]]] = {}
-        for i, r in enumerate(rows):
-            pol = trainer.policies[r.role]
-            by_policy.setdefault(id(pol), (pol, []))[1].append(i)
-        for pol, idx in by_policy.values():
-            lps = pol.compute_logprobs(
-                [rows[i].prompt_ids for i in idx], [rows[i].response_ids for i in idx], cfg.temperature
-            )
-            for i, lp in zip(idx, lps, strict=True):
-                recomputed[i] = lp
+        # pi_old: the learner's log-probs of the rollout tokens under the weights that generated them,
+        # from the training forward itself (autocast, temperature, chunking)
+        recomputed = trainer.old_logprobs(rows)
         width = max(len(r.response_ids) for r in rows)
         train = torch.zeros(len(rows), width, dtype=torch.float64)
         rollout = torch.zeros_like(train)
@@ -254,25 +256,21 @@ class ScaleOut:
             for r, lp in zip(rows, recomputed, strict=True)
         ]
         batch = replace(batch, rows=new_rows)
-        level = self.tis_level(event_loss)
+        level = self.tis_level(ratio_level)
         if level is None:
             return batch, None, stats
-        if level == "token":
-            weights = tis_weights(train, rollout, mask, level="token", cap=cfg.tis_cap)
-            on = mask != 0
-            values = weights[on]
-        else:
-            ids: dict[str, int] = {}
-            event_index = torch.tensor([ids.setdefault(r.event_id, len(ids)) for r in rows], dtype=torch.long)
-            weights = tis_row_weights(
-                train, rollout, mask, level=level, cap=cfg.tis_cap, event_index=event_index
-            )
-            values = weights
-        stats["rollout/tis_weight_mean"] = float(values.mean()) if values.numel() else 1.0
-        stats["rollout/tis_capped_frac"] = (
-            # exp(log C) may round just below C (C = 5: 4.999...): compare with a relative tolerance
-            float((values >= cfg.tis_cap * (1 - 1e-9)).double().mean()) if values.numel() else 0.0
+        ids: dict[str, int] = {}
+        event_index = torch.tensor([ids.setdefault(r.event_id, len(ids)) for r in rows], dtype=torch.long)
+        weights = tis_weights(
+            train, rollout, mask, level=level, cap=cfg.tis_cap, event_index=event_index, norm=norm
         )
+        if level == "token":
+            values = weights[mask != 0]
+        else:
+            values = tis_row_weights(
+                train, rollout, mask, level=level, cap=cfg.tis_cap, event_index=event_index, norm=norm
+            )
+        stats.update(tis_stats(values, cfg.tis_cap))
         return batch, weights, stats
 
     # ------------------------------------------------------------------ data parallelism

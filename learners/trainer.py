@@ -53,6 +53,7 @@ from learners.batching import (
     EventTable,
     MiniBatch,
     build_event_table,
+    collate,
     event_minibatches,
     gather_response_logprobs,
     micro_batch_bounds,
@@ -190,14 +191,12 @@ class TrainConfig:
     """Ray actors that collect rollouts, each with its envs and a policy copy (0: this process)"""
     ray_address: str | None = None
     """Ray cluster to join for rollout workers (None: $RAY_ADDRESS, else a local Ray started on demand)"""
-    max_policy_lag: int = 0
-    """refuse events whose rows are more than this many policy versions behind the learner"""
     tis: str = "auto"
-    """truncated importance sampling rollout -> training policy: auto (vllm only; per event for SRPO, per
-    sequence otherwise), off, token (per-token weights on the loss; not for SRPO's event ratio: use event),
-    sequence, event"""
+    """truncated importance sampling rollout -> training policy: auto (vllm only, at the loss's ratio level:
+    token for grpo/ppo/mappo as in verl, sequence for gspo, event for srpo), off, token, sequence, event
+    (srpo: the event's ratio on the scale c(K) of its clipped ratio); each row's weight reaches its own tokens"""
     tis_cap: float = 2.0
-    """truncation C of the importance weights min(pi_train / pi_rollout, C)"""
+    """truncation C of the importance weights min(pi_train / pi_rollout, C) (verl's rollout_is_threshold)"""
     eval_every: int = 10
     """held-out evaluation every N iterations (0: never)"""
     eval_problems: int = 64
@@ -236,18 +235,18 @@ class TrainConfig:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.tis not in TIS_MODES:
             raise ValueError(f"tis must be one of {TIS_MODES}, got {self.tis!r}")
-        if self.tis == "token" and not loss.token_weights:
-            # SRPO's ratio is one number per event (a product over all members' tokens): a weight per
-            # token has no term to multiply; the set version of TIS is the event-level weight.
+        tis_on = self.tis != "off" and not (self.tis == "auto" and self.backend == "hf")
+        if tis_on and not loss.token_weights:
+            # TIS weights reach the loss as per-token weights (each row its own); a loss that does not
+            # take them would silently train without the correction
             raise ValueError(
-                f"tis=token needs a per-token loss; {self.algo!r} uses the policy loss {loss.name!r}, "
-                "whose ratio is per event/sequence. Use --tis event (the set version: one truncated "
-                "weight per event, the product over all its members' tokens) or --tis auto."
+                f"tis={self.tis} needs a policy loss that takes per-token weights; {loss.name!r} does "
+                "not (register it with token_weights=True), use --tis off"
             )
         if min(self.clip_range()[0], self.clip_range()[1] or 0.0) < 0:
             raise ValueError(f"clip_eps and clip_eps_high must be >= 0, got {self.clip_range()}")
-        if self.tis_cap <= 0 or self.rollout_workers < 0 or self.max_policy_lag < 0:
-            raise ValueError("tis_cap must be > 0, rollout_workers and max_policy_lag >= 0")
+        if self.tis_cap <= 0 or self.rollout_workers < 0:
+            raise ValueError("tis_cap must be > 0 and rollout_workers >= 0")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -294,6 +293,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        # max_policy_lag (removed): it never had an effect, every row of this synchronous loop comes from
+        # the current weights; checkpoints written with it still load
+        d = {k: v for k, v in d.items() if k != "max_policy_lag"}
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -475,10 +477,10 @@ class Trainer:
         return nullcontext()
 
     def _policy_logprobs(
-        self, rows: list[Any], batch: Batch
+        self, rows: list[Any], batch: Batch, extras: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``[R, T]`` log-probs of ``batch`` under the current policies, entropy and reference
-        log-probs (None unless the entropy bonus / KL is on). ``rows`` are ``batch``'s rows."""
+        log-probs (None unless the entropy bonus / KL is on and ``extras``). ``rows`` are ``batch``'s rows."""
         cfg = self.cfg
         batch_t = batch.response_width
         groups: dict[int, tuple[HFPolicy, list[int]]] = {}
@@ -500,9 +502,9 @@ class Trainer:
                 pad = lock if pad is None else pad + lock
                 continue
             if cfg.prefix_tree:
-                lp, ent, ref_lp = self._tree_logprobs(pol, [rows[i] for i in idx])
+                lp, ent, ref_lp = self._tree_logprobs(pol, [rows[i] for i in idx], extras)
             else:
-                lp, ent, ref_lp = self._chunk_logprobs(pol, batch.take(idx))
+                lp, ent, ref_lp = self._chunk_logprobs(pol, batch.take(idx), extras)
             t = lp.shape[1]
             index = torch.tensor(idx, device=lp.device)
             if logprobs is None:
@@ -522,7 +524,7 @@ class Trainer:
         return logprobs, entropy, ref
 
     def _chunk_logprobs(
-        self, pol: HFPolicy, sub: Batch
+        self, pol: HFPolicy, sub: Batch, extras: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One padded per-row forward: ``[n, t]`` log-probs, entropy and reference log-probs (or None)."""
         cfg = self.cfg
@@ -535,16 +537,16 @@ class Trainer:
             logits = pol.model(**sub.model_inputs(), logits_to_keep=t + 1).logits
         lp = gather_response_logprobs(logits, sub, cfg.temperature)
         ent = ref_lp = None
-        if cfg.entropy_coef > 0:
+        if cfg.entropy_coef > 0 and extras:
             ent = entropy_from_logits(logits[:, -t - 1 : -1] / max(cfg.temperature, 1e-6))
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0 and extras:
             with torch.no_grad(), adapter_scope(pol.model, pol.adapter_name), self._autocast():
                 ref_logits = self.ref_models[id(pol.model)](**sub.model_inputs(), logits_to_keep=t + 1).logits
             ref_lp = gather_response_logprobs(ref_logits, sub, cfg.temperature)
         return lp, ent, ref_lp
 
     def _tree_logprobs(
-        self, pol: HFPolicy, rows: list[Any]
+        self, pol: HFPolicy, rows: list[Any], extras: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """:meth:`_chunk_logprobs` through one prefix-tree forward of ``rows`` (``prefix_tree``):
         ``[n, t]`` with ``t`` their longest response, 0 past each row's response."""
@@ -558,15 +560,40 @@ class Trainer:
             _train_mode(pol.model, cfg.gradient_checkpointing),
         ):
             lp, _, ent = packed_logprobs(
-                pol.model, [], [], cfg.temperature, with_entropy=cfg.entropy_coef > 0, packed=packed
+                pol.model, [], [], cfg.temperature, with_entropy=cfg.entropy_coef > 0 and extras, packed=packed
             )
         ref_lp = None
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0 and extras:
             with torch.no_grad(), adapter_scope(pol.model, pol.adapter_name), self._autocast():
                 ref_lp = packed_logprobs(
                     self.ref_models[id(pol.model)], [], [], cfg.temperature, packed=packed
                 )[0]
         return lp, ent, ref_lp
+
+    def old_logprobs(self, rows: list[Any]) -> list[list[float]]:
+        """``pi_old``: each row's response-token log-probs under the current weights, computed by the
+        training forward itself (:meth:`_policy_logprobs`: the same autocast, temperature, length
+        bucketing and prefix packing), without gradient, in chunks of ``max_tokens_per_microbatch``.
+
+        Why not the sampler's log-probs or a separate float32 pass: the PPO ratio divides the training
+        forward's log-probs by these, so any numerical difference (another engine, bf16 autocast vs the
+        float32 sampler) would show up as a ratio != 1 before the first optimizer step and be clipped
+        as if the policy had moved; computed this way the first ratio is exactly 1 wherever a training
+        micro-batch forwards the same rows as a chunk here (bit-identical kernels and inputs).
+        """
+        pad_id = self.policies.policies[0].pad_id
+        out: list[list[float]] = [[] for _ in rows]
+        bounds = micro_batch_bounds(rows, torch.arange(len(rows)), self.cfg.max_tokens_per_microbatch)
+        with torch.no_grad():
+            for a, b in bounds:
+                part = list(rows[a:b])
+                if not any(r.response_ids for r in part):  # nothing to score (collate needs a token)
+                    continue
+                batch = collate(part, pad_id, dtype=self.param_dtype).to(self.device)
+                lp = self._policy_logprobs(part, batch, extras=False)[0].double().cpu()
+                for i, r in enumerate(part):
+                    out[a + i] = lp[i, : len(r.response_ids)].tolist()
+        return out
 
     def _lockstep_forward(self, pol: HFPolicy) -> torch.Tensor:
         """A forward FSDP2 needs from this rank to match the others (:meth:`ScaleOut.forward_plan`):
@@ -593,14 +620,16 @@ class Trainer:
         cfg = self.cfg
         loss_fn = get_policy_loss(cfg.policy_loss or self.algorithm.loss)
         unit = loss_fn.unit(self._loss_config())
-        batch, tis, prep_stats = self.scale.prepare(batch, event_loss=unit == "events")
+        # [R, T] TIS weights (per token, or a row's / an event's weight on its tokens) reach the loss as
+        # LossConfig.token_weights: each row its own, in every loss; an event weight of an event loss
+        # (SRPO) on the scale of its clipped ratio, c(K) of its set normalisation
+        batch, token_weights, prep_stats = self.scale.prepare(
+            batch,
+            ratio_level=loss_fn.ratio_level(self._loss_config()),
+            norm=cfg.norm if unit in ("events", "members") else "sum",
+        )
         table = build_event_table(batch.rows)
         adv = self._advantages(table)
-        token_weights = None  # [R, T] token-level TIS: reaches the loss as LossConfig.token_weights
-        if tis is not None and tis.ndim == 2:
-            token_weights = tis
-        elif tis is not None:  # a constant weight per row == the same weight on its clipped surrogate
-            adv = replace(adv, advantages=adv.advantages * tis.to(adv.advantages.dtype))
         stats: dict[str, list[float]] = {}
         dropped = 0
         for epoch in range(cfg.epochs):

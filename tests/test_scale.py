@@ -15,12 +15,22 @@ from learners.scale import ScaleOut
 
 
 def _trainer(policies: PolicyMap, **cfg) -> SimpleNamespace:
+    """A stand-in trainer whose ``old_logprobs`` is the policy's own float32 recompute (the real
+    trainer's, through its training forward, is tested in tests/test_learners_tis.py)."""
     base = dict(
-        backend="vllm", max_policy_lag=0, temperature=1.0, tis="auto", tis_cap=2.0, rollout_workers=0,
+        backend="vllm", temperature=1.0, tis="auto", tis_cap=2.0, rollout_workers=0,
         dtype="float32", sharing="shared", model="", seed=0, ray_address=None,
     )  # fmt: skip
+
+    def old_logprobs(rows):
+        pol = policies.policies[0]
+        return pol.compute_logprobs([r.prompt_ids for r in rows], [r.response_ids for r in rows], 1.0)
+
     return SimpleNamespace(
-        cfg=SimpleNamespace(**{**base, **cfg}), policies=policies, device=torch.device("cpu")
+        cfg=SimpleNamespace(**{**base, **cfg}),
+        policies=policies,
+        device=torch.device("cpu"),
+        old_logprobs=old_logprobs,
     )
 
 
@@ -49,7 +59,7 @@ def test_prepare_recomputes_pi_old_logs_mismatch_and_weights_events(learner_and_
         ],
     )
     scale = ScaleOut(_trainer(PolicyMap.shared(policy)))
-    out, weights, stats = scale.prepare(shifted, event_loss=True)
+    out, weights, stats = scale.prepare(shifted, ratio_level="event")
     assert stats["rollout/logprob_abs_diff"] == pytest.approx(shift, abs=1e-4)
     assert stats["rollout/kl"] > 0 and stats["rollout/refused_events"] == 0
     for new, old in zip(out.rows, batch.rows, strict=True):  # pi_old is the learner's own recompute
@@ -58,16 +68,21 @@ def test_prepare_recomputes_pi_old_logs_mismatch_and_weights_events(learner_and_
             < 1e-4
         )
         assert new.meta["rollout_logprobs"] == [x - shift for x in old.behaviour_logprobs]
-    # event level: exp(shift * tokens of the whole event), capped, shared by the event's rows
+    # event level, norm "sum": exp(shift * tokens of the whole event), capped, on every loss token of
+    # the event's rows
     by_event: dict[str, list[int]] = {}
     for i, r in enumerate(batch.rows):
         by_event.setdefault(r.event_id, []).append(i)
     for idx in by_event.values():
         tokens = sum(len(batch.rows[i].response_ids) for i in idx)
         expected = min(2.0, float(torch.exp(torch.tensor(shift * tokens, dtype=torch.float64))))
-        assert all(weights[i].item() == pytest.approx(expected, rel=1e-3) for i in idx)
+        for i in idx:
+            row = batch.rows[i]
+            on = [t for t in range(len(row.response_ids)) if row.response_mask[t]]
+            assert all(weights[i, t].item() == pytest.approx(expected, rel=1e-3) for t in on)
+            assert weights[i, len(row.response_ids) :].abs().sum() == 0  # padding: out of the loss
     hf = ScaleOut(_trainer(PolicyMap.shared(policy), backend="hf"))
-    same, none, hf_stats = hf.prepare(batch, event_loss=True)
+    same, none, hf_stats = hf.prepare(batch, ratio_level="event")
     assert none is None and same.rows == batch.rows and "rollout/kl" not in hf_stats
 
 
@@ -76,7 +91,7 @@ def test_prepare_refuses_stale_events(learner_and_batch) -> None:
     old_event = batch.rows[0].event_id
     rows = [dataclasses.replace(r, policy_version=-1) if r.event_id == old_event else r for r in batch.rows]
     scale = ScaleOut(_trainer(PolicyMap.shared(policy), backend="hf"))
-    out, _, stats = scale.prepare(dataclasses.replace(batch, rows=rows), event_loss=True)
+    out, _, stats = scale.prepare(dataclasses.replace(batch, rows=rows), ratio_level="event")
     assert stats["rollout/refused_events"] == 1
     assert old_event not in {r.event_id for r in out.rows} and len(out.rows) < len(batch.rows)
 
