@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -95,11 +96,16 @@ def launched_distributed() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init_distributed(device: torch.device | str = "cpu") -> DistContext:
+def init_distributed(device: torch.device | str = "cpu", timeout_s: float | None = None) -> DistContext:
     """Join the launcher's process group (``env://``) or return the single-process context.
 
     ``device``: the trainer's device; ``cuda`` picks ``nccl`` (and this rank's ``LOCAL_RANK`` GPU is
     the caller's to select), anything else ``gloo``. An already initialised group is reused.
+    ``timeout_s``: how long a collective (and the rendezvous) may wait for the other ranks before it
+    raises (``init_process_group(timeout=...)``; None: torch's default, 10 min for gloo and NCCL).
+    Rank 0 alone collects the rollouts when Ray workers do (the others wait in a broadcast) and
+    evaluates alone, so a long rollout or evaluation needs a timeout longer than it; a rank that died
+    or hung then fails the others after this time instead of never.
     """
     if dist.is_available() and dist.is_initialized():
         return DistContext(
@@ -115,8 +121,11 @@ def init_distributed(device: torch.device | str = "cpu") -> DistContext:
             f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {', '.join(missing)} not set: launch with "
             "`torchrun --nproc_per_node N` or `accelerate launch`"
         )
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"the process-group timeout must be > 0 seconds, got {timeout_s}")
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend)
+    timeout = None if timeout_s is None else timedelta(seconds=float(timeout_s))
+    dist.init_process_group(backend=backend, timeout=timeout)
     return DistContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), backend)
 
 

@@ -71,7 +71,7 @@ class ScaleOut:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self.cfg = trainer.cfg
-        self.dist: DistContext = init_distributed(trainer.device)
+        self.dist: DistContext = init_distributed(trainer.device, timeout_s=getattr(self.cfg, "dist_timeout", None))
         self.pool: Any = None
         self.rollout_policies: PolicyMap | None = None
         self._synced: list[int] | None = None
@@ -132,6 +132,7 @@ class ScaleOut:
                 ray_address=cfg.ray_address,
                 torch_threads=max(1, (os.cpu_count() or 1) // workers),
                 num_gpus=1 if (on_gpu or cfg.backend == "vllm") else 0,
+                call_timeout_s=cfg.rollout_timeout,
             )
             return self.pool.collector(train_env, sampling), self.pool.collector(eval_env, sampling)
         policies = trainer.policies

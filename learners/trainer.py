@@ -82,7 +82,7 @@ SHARING = ("shared", "per-role", "lora")
 DTYPES = ("float32", "bfloat16", "float64")
 #: Where a run executes, not what it computes: a checkpoint resumes under other values of these
 #: (and under any world size: checkpoints hold the full state).
-LAYOUT_FIELDS = ("rollout_workers", "ray_address", "dp_engine")
+LAYOUT_FIELDS = ("rollout_workers", "ray_address", "dp_engine", "dist_timeout", "rollout_timeout")
 
 
 @dataclass
@@ -184,6 +184,10 @@ class TrainConfig:
     """recompute activations in the backward pass (less memory, ~30% more compute)"""
     dp_engine: str = "allreduce"
     """data-parallel learner under torchrun/accelerate: allreduce (replicated weights) or fsdp2 (sharded)"""
+    dist_timeout: float = 1800.0
+    """torchrun/accelerate: seconds a collective may wait for the other ranks before the run fails
+    (init_process_group's timeout); longer than rank 0's longest rollout or evaluation, which the others
+    wait for"""
     backend: str = "hf"
     """rollout generation: hf (the learner's model) or vllm (a colocated vLLM engine, weights pushed after
     every update, truncated importance sampling against the learner's recompute)"""
@@ -191,6 +195,9 @@ class TrainConfig:
     """Ray actors that collect rollouts, each with its envs and a policy copy (0: this process)"""
     ray_address: str | None = None
     """Ray cluster to join for rollout workers (None: $RAY_ADDRESS, else a local Ray started on demand)"""
+    rollout_timeout: float = 3600.0
+    """Ray rollout workers: seconds one worker's share of a collection may take before the worker counts as
+    hung (it is restarted, given its envs and the latest weights again, and its share collected again)"""
     tis: str = "auto"
     """truncated importance sampling rollout -> training policy: auto (vllm only, at the loss's ratio level:
     token for grpo/ppo/mappo as in verl, sequence for gspo, event for srpo), off, token, sequence, event
@@ -247,6 +254,10 @@ class TrainConfig:
             raise ValueError(f"clip_eps and clip_eps_high must be >= 0, got {self.clip_range()}")
         if self.tis_cap <= 0 or self.rollout_workers < 0:
             raise ValueError("tis_cap must be > 0 and rollout_workers >= 0")
+        if not (self.dist_timeout > 0 and self.rollout_timeout > 0):
+            raise ValueError(
+                f"dist_timeout and rollout_timeout must be > 0 seconds, got {self.dist_timeout}, {self.rollout_timeout}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):

@@ -270,3 +270,62 @@ def test_fsdp2_checkpoint_resumes_sharded(dp_run, engine: str) -> None:
         got = json.loads((tmp / f"{engine}-srpo-resume2-{rank}.json").read_text())
         assert got["iteration"] == 1 and got["n"] > 0
         assert got["max_diff"] == 0.0, got
+
+
+def _timeout_worker(rank: int, port: int, out: str) -> None:
+    """Rank 1 joins the group and then never joins a collective (a hung rank); rank 0's all-reduce must
+    fail after the group's timeout instead of waiting for ever (torch's default: 10 min). Rank 1 leaves
+    once rank 0 reported."""
+    import os
+    import time
+    from pathlib import Path
+
+    from learners.distributed import init_distributed
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    done = Path(out)
+    try:
+        init_distributed("cpu", timeout_s=8.0)  # also the rendezvous's: room for a slow process start
+    except Exception as exc:  # reported, so that a failed rendezvous is told apart from the timeout
+        done.write_text(f"init-failed {type(exc).__name__}")
+        return
+    if rank == 1:
+        for _ in range(600):
+            if done.exists():
+                return
+            time.sleep(0.1)
+        return
+    start = time.monotonic()
+    try:
+        torch.distributed.all_reduce(torch.ones(1))
+        done.write_text("no error")
+    except RuntimeError as exc:
+        done.write_text(f"{time.monotonic() - start:.1f} {type(exc).__name__}")
+
+
+@pytest.mark.slow
+def test_dist_timeout_fails_a_collective_that_a_hung_rank_never_joins(tmp_path) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "result"
+    mp.spawn(_timeout_worker, args=(port, str(out)), nprocs=2, join=True)
+    seconds, kind = out.read_text().split()
+    assert seconds != "init-failed", kind
+    assert kind.endswith("Error") and 7 <= float(seconds) < 60  # the 8 s timeout, not torch's 10 min
+
+
+def test_dist_timeout_must_be_positive(monkeypatch) -> None:
+    from learners.distributed import init_distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        init_distributed("cpu", timeout_s=0)

@@ -127,3 +127,71 @@ def test_merge_batches_keeps_order() -> None:
     merged = merge_batches([a, b])
     assert merged.rows == a.rows + b.rows
     assert [e.episode_id for e in merged.episodes] == ["s1-t0-g0", "s1-t1-g0"]
+
+
+def _slow_env(delay: float):
+    """The test env whose reset takes ``delay`` s, so that a collection lasts long enough to be killed
+    in the middle of (the episodes themselves are unchanged)."""
+    import time
+
+    env = srpo_envs.make(ENV_ID, **ENV_KWARGS)
+    reset = env.reset
+
+    def slow_reset(*args, **kwargs):
+        time.sleep(delay)
+        return reset(*args, **kwargs)
+
+    env.reset = slow_reset
+    return env
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_collect_is_replaced_and_its_share_rerun(ray_runtime, tiny_model_dir) -> None:
+    """SIGKILL one worker's process while it collects: the pool brings it back (Ray's max_restarts),
+    re-sends its env and the learner's latest weights (version 3, not the checkpoint's), re-runs its
+    share, and the iteration's rows are exactly those of a collection without the kill."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from agents.ray_rollout import RolloutWorkerPool, model_states
+
+    ray.cloudpickle.register_pickle_by_value(__import__(__name__))  # the slow env factory below
+    factory = HFPolicyFactory(str(tiny_model_dir), ROLES)
+    pool = RolloutWorkerPool(factory, 2, num_cpus=0.25, call_timeout_s=120, start_timeout_s=120)
+    try:
+        learner = factory()
+        with torch.no_grad():
+            for p in learner.policies[0].model.parameters():
+                p.mul_(0.5)
+        pool.load_weights(model_states(learner), [3])
+        collector = pool.collector(functools.partial(_slow_env, 0.25), SAMPLING)
+        tasks, group, seed = [0, 1, 2, 3, 4, 5], 2, 7
+        clean = collector.collect(tasks, group, seed)
+        assert pool.recoveries == 0 and all(r.policy_version == 3 for r in clean.rows)
+        pids = pool.pids()
+        out: dict = {}
+        worker = threading.Thread(target=lambda: out.setdefault("batch", collector.collect(tasks, group, seed)))
+        start = time.monotonic()
+        worker.start()
+        time.sleep(1.0)  # each share is 6 episodes x >= 0.25 s of resets: the second worker is mid-collect
+        os.kill(pids[1], signal.SIGKILL)
+        worker.join(timeout=300)
+        assert not worker.is_alive()
+        assert time.monotonic() - start > 1.0
+        assert pool.recoveries == 1
+        new_pids = pool.pids()
+        assert new_pids[0] == pids[0] and new_pids[1] != pids[1]  # a new process for the killed worker
+        assert pool.versions() == [[3], [3]]  # the weights were re-sent to it
+        assert out["batch"].rows == clean.rows  # bit-identical: same seeds, same share, same weights
+        assert [e.episode_id for e in out["batch"].episodes] == [e.episode_id for e in clean.episodes]
+    finally:
+        pool.shutdown()
+
+
+def test_pool_rejects_bad_limits(ray_runtime) -> None:
+    from agents.ray_rollout import RolloutWorkerPool
+
+    with pytest.raises(ValueError, match="timeouts must be > 0"):
+        RolloutWorkerPool(HFPolicyFactory("unused", ROLES), 1, call_timeout_s=0)
