@@ -651,6 +651,71 @@ def report_cmd(
         typer.echo(f"wrote {kind}: {path}")
 
 
+@app.command("power")
+def power_cmd(
+    suite: str = typer.Option("quick-columns-routed", help="suite the comparison will run on"),
+    model: str | None = typer.Option(None, help="warm start (default: the suite's bundled one)"),
+    out: Path = typer.Option(Path("runs/power"), help="where the pilot runs and power.md go"),
+    variants: str = typer.Option("srpo,grpo", help="the two algorithms of the pilot (A,B)"),
+    seeds: str = typer.Option("0,1,2", help="pilot training seeds"),
+    iterations: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
+    eval_k: int | None = typer.Option(None, "--eval-k", "--k", min=1, help=_EVAL_K_HELP),
+    eval_limit: int | None = typer.Option(None, "--eval-limit", "--limit", min=1, help=_EVAL_LIMIT_HELP),
+    from_dir: Path | None = typer.Option(
+        None, "--from", help="use a finished comparison's evals (its OUT) instead of running a pilot"
+    ),
+    workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
+) -> None:
+    """A short pilot (two algorithms x a few seeds), then the seeds x problems x k needed to detect
+    1, 2 and 5 points and the minimum detectable difference (power.md)."""
+    from benchmarks.evidence import suite_problems
+    from benchmarks.power import power_report
+    from srpo_common import atomic_write_text
+
+    names = [v.strip() for v in variants.split(",") if v.strip()]
+    if len(names) != 2:
+        raise typer.BadParameter(f"give two variants, got {names}", param_hint="--variants")
+    if from_dir is None:
+        from benchmarks.presets import BASELINES
+
+        unknown = [n for n in names if n not in BASELINES]
+        if unknown:
+            raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(BASELINES)}")
+        env = _training_env(suite)
+        train = _train_overrides(suite, iterations, None, None, None, None)
+        _run_compare(
+            model or env.bundled_model,
+            out,
+            {n: BASELINES[n] for n in names},
+            _seeds(seeds),
+            suite,
+            train,
+            *_eval_settings(suite, eval_k, eval_limit),
+            f"{suite}: power pilot",
+            workers,
+        )
+        from_dir = out  # the pilot saved every eval under OUT/evals/<variant>/seed<S>/
+    from benchmarks.paper import load_runs
+
+    samples: dict[str, dict[int, Any]] = {n: {} for n in names}
+    try:
+        for r in load_runs([from_dir / "evals"] if (from_dir / "evals").is_dir() else [from_dir]):
+            if r.method in samples:
+                samples[r.method][r.seed] = r.samples
+    except (FileNotFoundError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--from") from None
+    missing = [n for n, s in samples.items() if not s]
+    if missing:
+        raise typer.BadParameter(f"no evals of {missing} under {from_dir}", param_hint="--from")
+    whole = sum(suite_problems(suite).values())
+    pilot = len(next(iter(next(iter(samples.values())).values())).groupby(["dataset", "problem_id"]))
+    report = power_report(suite, samples, names, problems=sorted({pilot, whole}))
+    text = report.markdown()
+    typer.echo(text)
+    out.mkdir(parents=True, exist_ok=True)
+    typer.echo(f"wrote {atomic_write_text(out / 'power.md', text)}")
+
+
 @app.command("quick")
 def quick_cmd(
     out: Path = typer.Option(Path("runs/quick"), help="output directory"),

@@ -272,3 +272,23 @@ def test_bench_report_writes_decisions(tmp_path) -> None:  # noqa: ANN001
     assert "decisions vs srpo" in res.output and "better" in res.output
     res = CliRunner().invoke(app, ["report", str(tmp_path), "--reference", "nope"])
     assert res.exit_code != 0 and "not a compared variant" in res.output
+
+
+def test_bench_power_from_finished_runs(tmp_path) -> None:  # noqa: ANN001
+    """`srpo bench power --from DIR`: the seeds x problems x k table from a finished comparison's evals."""
+    from typer.testing import CliRunner
+
+    from benchmarks.cli import app
+
+    for seed in range(4):
+        _saved_run(tmp_path / "evals", "srpo", seed, 0.5)
+        _saved_run(tmp_path / "evals", "grpo", seed, 0.45)
+    res = CliRunner().invoke(app, ["power", "--suite", "quick-math", "--from", str(tmp_path), "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "power.md").read_text()
+    assert "Pilot: 4 training seeds x 40 problems x k=4" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 40 ") or line.startswith("| 115 ")]
+    assert len(rows) == 2  # the pilot's 40 problems and the whole split (51 + 64), at k=4
+    assert "seeds for Δ=5 pt" in text and "MDE @ 10 seeds (pt)" in text
+    bad = CliRunner().invoke(app, ["power", "--from", str(tmp_path), "--variants", "srpo,mappo"])
+    assert bad.exit_code != 0 and "no evals of ['mappo']" in bad.output
