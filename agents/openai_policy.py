@@ -208,7 +208,7 @@ class OpenAIPolicy:
 
     # ------------------------------------------------------------------ lifecycle
     def _loop(self) -> _LoopThread:
-        if self._runner is None:
+        if self._runner is None or not self._runner.thread.is_alive():
             self._runner = _LoopThread()
             weakref.finalize(self, self._runner.stop)
         return self._runner
@@ -302,7 +302,8 @@ class OpenAIPolicy:
         if self.model:
             return self.model
         data = await self._call("GET", "/models")
-        ids = [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict) and m.get("id")]
+        cards = [m for m in data.get("data", []) if isinstance(m, dict) and m.get("id")]
+        ids = [str(m["id"]) for m in cards if not m.get("parent")]  # vLLM lists LoRA adapters with a parent
         if len(ids) != 1:
             raise OpenAIServerError(
                 f"GET {self.base_url}/models lists {ids or 'no models'}: name one with openai:NAME / model="
@@ -561,6 +562,7 @@ class OpenAIPolicy:
         other.model = model
         other.policy_version = policy_version
         other.stats = self.stats
+        other._parent = self  # the loop thread stops when the policy that started it is collected
         return other
 
 

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKENDS", "TIS_MODES", "ScaleOut"]
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "vllm", "openai")
 #: ``auto``: only when rollouts come from another engine (vLLM), at the level of the loss's own ratio
 #: (:attr:`learners.losses.PolicyLoss.ratio_level`: token for GRPO/PPO as verl's default, sequence for
 #: GSPO, event for SRPO); ``off``: never; ``token`` / ``sequence`` / ``event``: that level.
@@ -156,6 +156,11 @@ class ScaleOut:
                 if lora
                 else PolicyMap.shared(engine, trainer.roles)
             )
+        if cfg.backend == "openai":  # a vLLM server: a LoRA adapter per role, pushed over HTTP
+            from learners.served import ServedAdapters, served_rollout_policies
+
+            self.served = ServedAdapters(os.path.join(cfg.out_dir, "served-adapters"))
+            policies = self.rollout_policies = served_rollout_policies(str(cfg.base_url), trainer.roles)
         return RolloutCollector(train_env, policies, sampling), RolloutCollector(eval_env, policies, sampling)
 
     # ------------------------------------------------------------------ rollouts
@@ -189,7 +194,9 @@ class ScaleOut:
             from agents.ray_rollout import model_states
 
             self.pool.load_weights(model_states(trainer.policies), versions)
-        if self.rollout_policies is not None:
+        if self.rollout_policies is not None and self.cfg.backend == "openai":
+            self.served.sync(self.rollout_policies, trainer.policies, force=self._synced is None)
+        elif self.rollout_policies is not None:
             from agents.vllm import sync_rollout_engine
 
             # shared: the full weights; sharing=lora: each role's adapter whose version moved (all of
@@ -227,6 +234,9 @@ class ScaleOut:
         tokens at token level, over rows otherwise).
         """
         trainer, cfg = self.trainer, self.cfg
+        for r in batch.rows:  # e.g. a server that returned text without token ids (agents.openai_policy)
+            if r.meta.get("evaluation_only"):
+                raise ValueError(f"these rollouts are evaluation-only and cannot train: {r.meta['evaluation_only']}")
         rows, refused = refuse_stale_events(
             batch.rows, lambda r: int(trainer.policies[r.role].policy_version), max_lag=0
         )

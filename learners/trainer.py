@@ -82,7 +82,7 @@ SHARING = ("shared", "per-role", "lora")
 DTYPES = ("float32", "bfloat16", "float64")
 #: Where a run executes, not what it computes: a checkpoint resumes under other values of these
 #: (and under any world size: checkpoints hold the full state).
-LAYOUT_FIELDS = ("rollout_workers", "ray_address", "dp_engine", "dist_timeout", "rollout_timeout")
+LAYOUT_FIELDS = ("rollout_workers", "ray_address", "dp_engine", "dist_timeout", "rollout_timeout", "base_url")
 
 
 @dataclass
@@ -190,7 +190,11 @@ class TrainConfig:
     wait for"""
     backend: str = "hf"
     """rollout generation: hf (the learner's model) or vllm (a colocated vLLM engine, weights pushed after
-    every update, truncated importance sampling against the learner's recompute)"""
+    every update, truncated importance sampling against the learner's recompute), or openai (a vLLM server at
+    base_url: exact token ids and log-probs over HTTP, a LoRA adapter per role pushed after every update)"""
+    base_url: str | None = None
+    """backend=openai: the server's API root, e.g. http://127.0.0.1:8000/v1 (learners.served says how to start
+    it: runtime LoRA updating, --logprobs-mode processed_logprobs)"""
     rollout_workers: int = 0
     """Ray actors that collect rollouts, each with its envs and a policy copy (0: this process)"""
     ray_address: str | None = None
@@ -240,6 +244,15 @@ class TrainConfig:
             raise ValueError("dp_engine=fsdp2 does not support prefix_tree: use one or the other")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "openai":
+            from learners.served import SHARED_REFUSAL
+
+            if not self.base_url:
+                raise ValueError("backend=openai needs base_url (the vLLM server's API root, .../v1)")
+            if self.sharing != "lora":
+                raise ValueError(SHARED_REFUSAL)
+            if self.rollout_workers > 0:
+                raise ValueError("backend=openai generates on its server: rollout_workers must be 0")
         if self.tis not in TIS_MODES:
             raise ValueError(f"tis must be one of {TIS_MODES}, got {self.tis!r}")
         tis_on = self.tis != "off" and not (self.tis == "auto" and self.backend == "hf")

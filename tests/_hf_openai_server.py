@@ -1,0 +1,125 @@
+"""A stand-in *vLLM* server for the main suite: the OpenAI-compatible routes over an in-process HFPolicy.
+
+It answers ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions`` in vLLM's layout
+(``token_ids``, ``prompt_token_ids``, log-prob tokens spelled ``token_id:N``) and vLLM's runtime LoRA
+routes ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (peft adapters loaded from a directory),
+so ``srpo train --backend openai`` runs end to end without vLLM. Its log-probs follow
+:mod:`agents.policy`'s convention exactly (HFPolicy), so a learner's ``pi_old`` recompute must match
+the server's behaviour log-probs to float32 round-off: the check that ids, prompt ids and log-probs
+travel over HTTP unchanged. (The real server is tested in ``tests/test_openai_vllm.py``.)
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+
+
+def create_app(model_dir: str | Path, served_name: str = "base") -> FastAPI:
+    from agents.hf import BASE_ADAPTER, HFPolicy
+    from agents.policy import GenerationRequest, SamplingParams
+
+    base = HFPolicy(str(model_dir), device="cpu", dtype="float32")
+    state: dict[str, Any] = {"model": base.model, "adapters": {}, "calls": []}
+    lock = threading.Lock()
+    app = FastAPI()
+    app.state.standin = state
+
+    def policy_for(name: str) -> HFPolicy:
+        if name == served_name:
+            adapter = BASE_ADAPTER if state["adapters"] else None
+        elif name in state["adapters"]:
+            adapter = name
+        else:
+            raise HTTPException(404, f"The model `{name}` does not exist.")
+        return HFPolicy(state["model"], base.tokenizer, adapter_name=adapter)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        cards = [{"id": served_name, "object": "model", "parent": None}]
+        cards += [{"id": n, "object": "model", "parent": served_name} for n in state["adapters"]]
+        return {"object": "list", "data": cards}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        name, path = body["lora_name"], body["lora_path"]
+        if name in state["adapters"]:
+            raise HTTPException(400, f"The lora adapter '{name}' has already been loaded.")
+
+        def do() -> None:
+            from peft import PeftModel
+
+            with lock:
+                if state["adapters"]:
+                    state["model"].load_adapter(path, adapter_name=name)
+                else:
+                    state["model"] = PeftModel.from_pretrained(state["model"], path, adapter_name=name)
+                state["adapters"][name] = path
+
+        await run_in_threadpool(do)
+        state["calls"].append(("load", name))
+        return {"loaded": name}
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload(request: Request) -> dict[str, Any]:
+        name = (await request.json())["lora_name"]
+        if name not in state["adapters"]:
+            raise HTTPException(404, f"The lora adapter '{name}' cannot be found.")
+        with lock:
+            state["model"].delete_adapter(name)
+            del state["adapters"][name]
+        state["calls"].append(("unload", name))
+        return {"unloaded": name}
+
+    async def complete(request: Request, chat: bool) -> dict[str, Any]:
+        body = await request.json()
+        pol = policy_for(body["model"])
+        sampling = SamplingParams(
+            temperature=float(body.get("temperature", 1.0)),
+            top_p=float(body.get("top_p", 1.0)),
+            max_new_tokens=int(body.get("max_tokens", 16)),
+            stop=tuple(body.get("stop") or ()),
+            seed=body.get("seed"),
+        )
+        if chat:
+            req = GenerationRequest("a", "r", body["messages"], sampling)
+        elif isinstance(body["prompt"], list):
+            req = GenerationRequest("a", "r", "", sampling, prompt_ids=body["prompt"])
+        else:
+            req = GenerationRequest("a", "r", body["prompt"], sampling)
+
+        def gen() -> Any:
+            with lock:
+                return pol.generate([req])[0]
+
+        g = await run_in_threadpool(gen)
+        state["calls"].append(("generate", body["model"]))
+        stop_reason = g.stop_reason if isinstance(g.stop_reason, str) else None
+        finish = "length" if g.finish_reason == "length" else "stop"
+        tokens = [f"token_id:{t}" for t in g.token_ids]
+        if chat:
+            content = [{"token": t, "logprob": lp, "top_logprobs": []} for t, lp in zip(tokens, g.logprobs, strict=True)]
+            choice = {"index": 0, "message": {"role": "assistant", "content": g.text},
+                      "logprobs": {"content": content}, "finish_reason": finish, "stop_reason": stop_reason,
+                      "token_ids": g.token_ids}
+            return {"object": "chat.completion", "model": body["model"], "choices": [choice],
+                    "prompt_token_ids": g.prompt_ids}
+        choice = {"index": 0, "text": g.text, "finish_reason": finish, "stop_reason": stop_reason,
+                  "logprobs": {"tokens": tokens, "token_logprobs": g.logprobs}, "token_ids": g.token_ids,
+                  "prompt_token_ids": g.prompt_ids}
+        return {"object": "text_completion", "model": body["model"], "choices": [choice]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> dict[str, Any]:
+        return await complete(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> dict[str, Any]:
+        return await complete(request, chat=False)
+
+    return app
