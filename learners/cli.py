@@ -17,6 +17,7 @@ import typer
 from agents.model_source import ModelNotAvailable
 from learners.algorithms import ALGORITHMS
 from learners.checkpoint import CheckpointError
+from learners.memory_plan import GIB, MemoryPlanError
 from learners.trainer import TrainConfig, train
 from srpo_common.cli import dataclass_command
 
@@ -44,13 +45,31 @@ def train_command(
     resume: Annotated[
         bool, typer.Option("--resume", help="continue from OUT/checkpoint/ (an error if there is none)")
     ] = False,
+    plan_only: Annotated[
+        bool,
+        typer.Option(
+            "--plan-only",
+            help="print the GPU memory plan of this run (weights, gradients, AdamW moments, vLLM share, "
+            "activations per micro-batch; what would fit if it does not) and exit: 0 fits, 1 does not. "
+            "Needs only the model's config.json (a directory, a config.json, or a cached hub id)",
+        ),
+    ] = False,
+    plan_gpu_gb: Annotated[
+        float | None,
+        typer.Option(help="--plan-only: GiB of each GPU (default: this machine's first GPU)"),
+    ] = None,
+    plan_gpus: Annotated[
+        int, typer.Option(help="--plan-only: GPUs (ranks) of the run, e.g. torchrun's --nproc_per_node")
+    ] = 1,
 ) -> None:
     """Train a team of LLM agents on an env (SRPO, GRPO, Dr.GRPO, GSPO, Dr. MAS, AT-GRPO, RLOO, MAPPO)."""
     if workflow is not None:
         cfg = dataclasses.replace(cfg, env_kwargs={**cfg.env_kwargs, "workflow": workflow})
+    if plan_only:
+        raise typer.Exit(_print_plan(cfg, plan_gpu_gb, plan_gpus))
     try:
         history = train(cfg, resume=resume, log=typer.echo)
-    except (CheckpointError, ModelNotAvailable) as exc:  # missing checkpoint or model: one line, no traceback
+    except (CheckpointError, ModelNotAvailable, MemoryPlanError) as exc:  # one message, no traceback
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     evals = [(h["iteration"], h["eval_accuracy"]) for h in history if h.get("eval_accuracy") is not None]
@@ -59,3 +78,35 @@ def train_command(
             f"held-out accuracy: {evals[0][1]:.3f} (iteration {evals[0][0]}) -> "
             f"{evals[-1][1]:.3f} (iteration {evals[-1][0]})"
         )
+
+
+def _print_plan(cfg: TrainConfig, gpu_gb: float | None, gpus: int) -> int:
+    """``--plan-only``: the plan of ``cfg`` on ``gpus`` GPUs of ``gpu_gb`` GiB; 0 when it fits, else 1."""
+    import srpo_envs
+    from learners.algorithms import get_algorithm
+    from learners.memory_plan import PlanOptions, load_model_shape, plan_memory
+
+    if gpus < 1:
+        raise typer.BadParameter(f"--plan-gpus must be >= 1, got {gpus}")
+    if gpu_gb is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            typer.echo("error: no GPU here: give the card's size with --plan-gpu-gb (e.g. 80)", err=True)
+            raise typer.Exit(2)
+        total = torch.cuda.get_device_properties(0).total_memory
+    else:
+        if gpu_gb <= 0:
+            raise typer.BadParameter(f"--plan-gpu-gb must be > 0, got {gpu_gb}")
+        total = int(gpu_gb * GIB)
+    env = srpo_envs.make(cfg.env_id, **cfg.env_kwargs)
+    roles = len({env.role_of(a) for a in env.possible_agents})
+    try:
+        shape = load_model_shape(cfg.model)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    options = PlanOptions.from_train_config(cfg, roles, gpus, critic=get_algorithm(cfg.algo).critic)
+    plan = plan_memory(shape, options, total)
+    typer.echo(plan.table())
+    return 0 if plan.fits else 1

@@ -84,7 +84,7 @@ DTYPES = ("float32", "bfloat16", "float64")
 #: (and under any world size: checkpoints hold the full state).
 LAYOUT_FIELDS = (
     "rollout_workers", "ray_address", "dp_engine", "dist_timeout",
-    "rollout_timeout", "base_url", "vllm_gpu_memory_utilization", "vllm_sleep", "vllm_enforce_eager",
+    "rollout_timeout", "memory_check", "base_url", "vllm_gpu_memory_utilization", "vllm_sleep", "vllm_enforce_eager",
 )  # fmt: skip
 
 
@@ -185,6 +185,9 @@ class TrainConfig:
     """float32, bfloat16 (autocast with float32 master weights and float32 log-prob math) or float64"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass (less memory, ~30% more compute)"""
+    memory_check: bool = True
+    """GPU runs: print the memory plan (learners.memory_plan: weights, gradients, AdamW moments, vLLM share,
+    activations per micro-batch) before the model loads, and refuse a run that does not fit with what would"""
     dp_engine: str = "allreduce"
     """data-parallel learner under torchrun/accelerate: allreduce (replicated weights) or fsdp2 (sharded)"""
     dist_timeout: float = 1800.0
@@ -455,6 +458,8 @@ class Trainer:
         #: the local directory of ``cfg.model`` (a hub id is looked up in the hub cache, downloaded
         #: when online; offline and uncached it is a ModelNotAvailable error that says how to fetch it)
         self.model_path = str(resolve_model(cfg.model))
+        if self.device.type == "cuda":
+            self._memory_plan()
 
         def load() -> HFPolicy:
             pol = HFPolicy(self.model_path, device=self.device, dtype=self.param_dtype)
@@ -469,6 +474,19 @@ class Trainer:
         if cfg.sharing == "per-role":
             return PolicyMap.per_role({role: load() for role in self.roles})
         return lora_policy_map(load(), self.roles, lora_config=default_lora_config(r=cfg.lora_rank))
+
+    def _memory_plan(self) -> None:
+        """GPU runs: the memory plan of this run on this rank's GPU, logged before the model loads; one
+        that does not fit is a :class:`learners.memory_plan.MemoryPlanError` (unless not ``memory_check``)
+        that lists what would fit, instead of an out-of-memory error minutes in."""
+        from learners.memory_plan import PlanOptions, check_memory, load_model_shape, plan_memory
+
+        options = PlanOptions.from_train_config(
+            self.cfg, len(self.roles), self.dist.world_size, critic=self.algorithm.critic
+        )
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        plan = plan_memory(load_model_shape(self.model_path), options, total)
+        self.log(check_memory(plan, refuse=self.cfg.memory_check))
 
     def _distinct_models(self) -> list[HFPolicy]:
         """One policy per distinct model object (LoRA views of one base count once)."""
