@@ -244,7 +244,9 @@ class OpenAIPolicy:
         return self._loop().submit(coro).result()
 
     # ------------------------------------------------------------------ HTTP
-    async def _attempt(self, method: str, url: str, body: dict[str, Any] | None) -> _Attempt:
+    async def _attempt(
+        self, method: str, url: str, body: dict[str, Any] | None, expect_json: bool = True
+    ) -> _Attempt:
         import httpx
 
         client = await self._ensure_client()
@@ -265,6 +267,8 @@ class OpenAIPolicy:
             return _Attempt(retry=f"HTTP {resp.status_code} {_server_message(resp)}", retry_after=wait)
         if resp.status_code >= 400:
             return _Attempt(error=f"HTTP {resp.status_code} {_server_message(resp)}")
+        if not expect_json:  # vLLM's adapter routes answer 200 with a plain-text sentence
+            return _Attempt(data={"status": resp.status_code, "text": resp.text[:300]})
         try:
             data = resp.json()
         except ValueError as exc:
@@ -273,7 +277,9 @@ class OpenAIPolicy:
             return _Attempt(retry=f"the answer is JSON {type(data).__name__}, not an object")
         return _Attempt(data=data)
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, expect_json: bool = True
+    ) -> dict[str, Any]:
         """One logical request with retries; the answer's JSON object or :class:`OpenAIServerError`."""
         url = f"{self.base_url}{path}"
         last = ""
@@ -281,7 +287,7 @@ class OpenAIPolicy:
             await self._ensure_client()
             assert self._sem is not None
             async with self._sem:
-                result = await self._attempt(method, url, body)
+                result = await self._attempt(method, url, body, expect_json)
             if result.data is not None:
                 return result.data
             if result.error is not None:
@@ -547,11 +553,13 @@ class OpenAIPolicy:
         The server needs ``--enable-lora`` (``--max-lora-rank``/``--max-loras`` to fit) and the environment
         variable ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, and ``path`` must be readable by the server.
         """
-        self._run(self._call("POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}))
+        self._run(
+            self._call("POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, expect_json=False)
+        )
 
     def unload_lora_adapter(self, name: str) -> None:
         """Stop serving adapter ``name`` (vLLM: ``POST /v1/unload_lora_adapter``)."""
-        self._run(self._call("POST", "/unload_lora_adapter", {"lora_name": name}))
+        self._run(self._call("POST", "/unload_lora_adapter", {"lora_name": name}, expect_json=False))
 
     def view(self, model: str, policy_version: int = 0) -> OpenAIPolicy:
         """Another policy on the same server and connection pool whose requests name ``model``

@@ -1,5 +1,7 @@
 """A stand-in *vLLM* server for the main suite: the OpenAI-compatible routes over an in-process HFPolicy.
 
+The adapter routes answer as vLLM 0.32 does: 200 with a plain-text sentence (not JSON).
+
 It answers ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions`` in vLLM's layout
 (``token_ids``, ``prompt_token_ids``, log-prob tokens spelled ``token_id:N``) and vLLM's runtime LoRA
 routes ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (peft adapters loaded from a directory),
@@ -17,6 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import PlainTextResponse
 
 
 def create_app(model_dir: str | Path, served_name: str = "base") -> FastAPI:
@@ -45,7 +48,7 @@ def create_app(model_dir: str | Path, served_name: str = "base") -> FastAPI:
         return {"object": "list", "data": cards}
 
     @app.post("/v1/load_lora_adapter")
-    async def load(request: Request) -> dict[str, Any]:
+    async def load(request: Request) -> PlainTextResponse:
         body = await request.json()
         name, path = body["lora_name"], body["lora_path"]
         if name in state["adapters"]:
@@ -63,10 +66,10 @@ def create_app(model_dir: str | Path, served_name: str = "base") -> FastAPI:
 
         await run_in_threadpool(do)
         state["calls"].append(("load", name))
-        return {"loaded": name}
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
-    async def unload(request: Request) -> dict[str, Any]:
+    async def unload(request: Request) -> PlainTextResponse:
         name = (await request.json())["lora_name"]
         if name not in state["adapters"]:
             raise HTTPException(404, f"The lora adapter '{name}' cannot be found.")
@@ -74,7 +77,7 @@ def create_app(model_dir: str | Path, served_name: str = "base") -> FastAPI:
             state["model"].delete_adapter(name)
             del state["adapters"][name]
         state["calls"].append(("unload", name))
-        return {"unloaded": name}
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def complete(request: Request, chat: bool) -> dict[str, Any]:
         body = await request.json()
