@@ -46,6 +46,11 @@ def _peak_host_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def _worst(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [h[key] for h in rows if key in h]
+    return max(values) if values else None
+
+
 def run_backend(
     backend: str,
     model: str,
@@ -95,11 +100,10 @@ def run_backend(
         "rollout_s_per_iteration": round(rollout_s / len(steady), 2),
         "update_s_per_iteration": round(sum(h["update_s"] for h in steady) / len(steady), 2),
         "peak_host_rss_gib": round(_peak_host_gib(), 2),
-        "rollout/logprob_abs_diff": max((h.get("rollout/logprob_abs_diff", 0.0) for h in rows), default=None),
-        "rollout/logprob_max_abs_diff": max(
-            (h.get("rollout/logprob_max_abs_diff", 0.0) for h in rows), default=None
-        ),
-        "rollout/kl": max((h.get("rollout/kl", 0.0) for h in rows), default=None),
+        # the worst iteration; None where the run logs no mismatch (hf in float32 does not recompute pi_old)
+        "rollout/logprob_abs_diff": _worst(rows, "rollout/logprob_abs_diff"),
+        "rollout/logprob_max_abs_diff": _worst(rows, "rollout/logprob_max_abs_diff"),
+        "rollout/kl": _worst(rows, "rollout/kl"),
         "rollout/tis_capped_frac": rows[-1].get("rollout/tis_capped_frac"),
         "train_accuracy": rows[-1].get("train_accuracy"),
     }
