@@ -292,3 +292,23 @@ def test_bench_power_from_finished_runs(tmp_path) -> None:  # noqa: ANN001
     assert "seeds for Δ=5 pt" in text and "MDE @ 10 seeds (pt)" in text
     bad = CliRunner().invoke(app, ["power", "--from", str(tmp_path), "--variants", "srpo,mappo"])
     assert bad.exit_code != 0 and "no evals of ['mappo']" in bad.output
+
+
+def test_tables_print_whole_when_stdout_is_not_a_terminal(capsys) -> None:  # noqa: ANN001
+    """Issue 27: in a log file rich assumed 80 columns and cut every cell to "0.6…"; now the comparison
+    table comes out whole (pytest's captured stdout is not a terminal)."""
+    from types import SimpleNamespace
+
+    from benchmarks.cli import _print_comparison
+
+    table = pd.DataFrame(
+        [{"variant": f"variant-with-a-long-name-{i}", **{f"dataset-{j} avg@4": "0.612 ± 0.044" for j in range(8)}}
+         for i in range(3)]
+    )
+    decisions = pd.DataFrame([D.Decision("grpo", "srpo", 10, 0.61, 0.6, 0.01, -0.005, 0.025, 0.6, 0.61, 0.6,
+                                         0.62, 0.027, 0.02, "undecided").row()])
+    _print_comparison(SimpleNamespace(table=table, decisions=decisions), "a title")
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert out.count("0.612 ± 0.044") == 24 and "variant-with-a-long-name-2" in out
+    assert "[-0.5, +2.5]" in out and "undecided" in out and "decisions vs srpo" in out
