@@ -312,3 +312,14 @@ def test_tables_print_whole_when_stdout_is_not_a_terminal(capsys) -> None:  # no
     assert "…" not in out
     assert out.count("0.612 ± 0.044") == 24 and "variant-with-a-long-name-2" in out
     assert "[-0.5, +2.5]" in out and "undecided" in out and "decisions vs srpo" in out
+
+
+def test_main_job_suites_evaluate_the_whole_held_out_split() -> None:
+    """Issue 27: bench quick's records landed under "Partial runs" (32 of 128 problems per size); a suite
+    run as bench quick defines it now covers every held-out problem, so its records are full-suite ones."""
+    from benchmarks.evidence import suite_problems
+    from benchmarks.presets import QUICK_SETTINGS, QUICK_SUITES
+
+    for suite in QUICK_SUITES:
+        if suite.startswith("quick-columns"):
+            assert QUICK_SETTINGS[suite]["eval_limit"] >= max(suite_problems(suite).values()), suite
