@@ -484,9 +484,13 @@ class Trainer:
         options = PlanOptions.from_train_config(
             self.cfg, len(self.roles), self.dist.world_size, critic=self.algorithm.critic
         )
+        try:
+            shape = load_model_shape(self.model_path)
+        except ValueError as exc:  # a config the plan cannot read (not a decoder LM's keys): no plan, no refusal
+            self.log(f"memory plan unavailable: {exc}")
+            return
         total = torch.cuda.get_device_properties(self.device).total_memory
-        plan = plan_memory(load_model_shape(self.model_path), options, total)
-        self.log(check_memory(plan, refuse=self.cfg.memory_check))
+        self.log(check_memory(plan_memory(shape, options, total), refuse=self.cfg.memory_check))
 
     def _distinct_models(self) -> list[HFPolicy]:
         """One policy per distinct model object (LoRA views of one base count once)."""

@@ -129,3 +129,25 @@ def test_train_plan_only(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert tiny.exit_code == 0, tiny.output
     missing = CliRunner().invoke(app, [*args, "--model", str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "no config.json" in missing.output
+
+
+def test_an_unreadable_config_skips_the_plan(tmp_path: Path, monkeypatch) -> None:
+    """A config without a decoder's sizes: the plan says it is unavailable and the run goes on."""
+    import torch
+
+    from learners.trainer import TrainConfig, Trainer
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "something-else"}))
+    logged: list[str] = []
+    fake = SimpleNamespace(
+        cfg=TrainConfig(model=str(tmp_path)),
+        roles=["solver"],
+        dist=SimpleNamespace(world_size=1),
+        algorithm=SimpleNamespace(critic=False),
+        model_path=str(tmp_path),
+        device=torch.device("cuda", 0),
+        log=logged.append,
+    )
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=GIB))
+    Trainer._memory_plan(fake)
+    assert logged == [f"memory plan unavailable: config of {tmp_path} has no 'hidden_size': not a decoder LM config"]
