@@ -127,3 +127,19 @@ def test_demo_with_a_served_model(vllm: bool) -> None:
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("ProcArith-v0 [proposers-aggregator] model=openai:tiny: ")
     assert ("trainable" in last) == vllm and ("evaluation only: the server returned no token ids" in last) != vllm
+
+
+def test_demo_with_a_local_model(tiny_model_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    from srpo_cli.app import app
+
+    result = CliRunner().invoke(
+        app, ["demo", "--model", str(tiny_model_dir), "--env", "ProcArith-v0", "--episodes", "1",
+              "--max-new-tokens", "8", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    # the model's loading bar (stderr, mixed in by the runner) may share a line with the first event
+    events = [json.loads(line[line.index('{"'):]) for line in result.output.splitlines() if '{"' in line]
+    assert events and events[0]["step"] == 0
+    assert "1 correct; rows trainable (exact ids + log-probs)" in result.output
