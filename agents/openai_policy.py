@@ -209,6 +209,7 @@ class OpenAIPolicy:
     # ------------------------------------------------------------------ lifecycle
     def _loop(self) -> _LoopThread:
         if self._runner is None or not self._runner.thread.is_alive():
+            self._client = self._sem = None  # bound to a loop that is gone (e.g. a view closed it)
             self._runner = _LoopThread()
             weakref.finalize(self, self._runner.stop)
         return self._runner
