@@ -28,4 +28,4 @@ fi
 # the CPU build sizes its KV cache by this (GiB); without it gpu_memory_utilization is a share of host RAM
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}"
-"$VENV/bin/python" -m pytest tests -m vllm -q -s -p no:cacheprovider --timeout 1800 "$@"
+"$VENV/bin/python" -m pytest tests -m vllm -q -s -p no:cacheprovider --timeout 1800 --durations 10 "$@"
