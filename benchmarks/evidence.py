@@ -256,9 +256,13 @@ def reproduce(
     rng_seed: int = 0,
     device: str | None = None,
     log: Callable[[str], None] | None = None,
+    chunks: Sequence[tuple[int, str, int]] | None = None,
 ) -> ReproduceReport:
     """Re-generate ``n`` randomly chosen (seed, dataset, problem) groups of ``record`` with the model in
     ``model_dir`` and compare every regenerated sample with the recorded one.
+
+    ``chunks`` (``(seed, dataset, first problem)``, as :func:`leaderboards.reproduction.plan_reproduction`
+    chooses them with a seed drawn at verification time) replaces the choice by ``n``/``rng_seed``.
 
     Each chosen problem is regenerated with the rest of its chunk (the batch it was generated in), so
     padding and batch composition are as in the original run: on CPU the samples must match exactly.
@@ -292,10 +296,15 @@ def reproduce(
     by_name = {ds.name: ds for ds in suite.datasets}
     recorded = {(s["seed"], s["dataset"], s["task_index"], s["sample_idx"]): s for s in sample_set.samples}
     groups = sorted({(s["seed"], s["dataset"], s["task_index"]) for s in sample_set.samples})
-    chosen = random.Random(rng_seed).sample(groups, min(n, len(groups)))
-    report = ReproduceReport(chosen=sorted(chosen))
     chunk_size, k = int(header["chunk_size"]), int(header["k"])
-    chunks = sorted({(seed, ds, (t // chunk_size) * chunk_size) for seed, ds, t in chosen})
+    if chunks is None:
+        chosen = random.Random(rng_seed).sample(groups, min(n, len(groups)))
+        chunks = sorted({(seed, ds, (t // chunk_size) * chunk_size) for seed, ds, t in chosen})
+    else:
+        wanted = {(int(a), str(b), int(c)) for a, b, c in chunks}
+        chunks = sorted(wanted)
+        chosen = [g for g in groups if (g[0], g[1], (g[2] // chunk_size) * chunk_size) in wanted]
+    report = ReproduceReport(chosen=sorted(chosen))
     policies = PolicyMap.shared(HFPolicy(str(model_dir), device=device))
     sampling = _sampling(header["sampling"])
     tasks_of: dict[str, list[Any]] = {}

@@ -20,9 +20,11 @@ from typing import Annotated, Any
 import typer
 
 from srpo_common import atomic_write_text
+from srpo_common.jsonsafe import loads_bounded
 
 from .evidence import EvidenceError, SampleGrader, check_evidence, load_samples, samples_path
 from .render import write_leaderboard
+from .reproduction import plan_reproduction
 from .schema import LeaderboardRecord, RecordValidationError, dump_record_json, load_record, load_records
 from .signing import SigningError, generate_key, load_keys, sign_record, verify_signature
 from .store import LeaderboardStore, StoreError
@@ -30,6 +32,9 @@ from .store import LeaderboardStore, StoreError
 app = typer.Typer(
     help="Leaderboard records: submit, validate, reproduce, sign, render.", no_args_is_help=True
 )
+
+#: A reproduction note is a few fields; anything bigger is not one.
+_MAX_NOTE_BYTES = 4096
 
 #: Set by :func:`configure` (``srpo_cli`` wires the benchmark grader and reproducer in).
 _HOOKS: dict[str, Callable[..., Any] | None] = {"grader": None, "reproducer": None}
@@ -173,16 +178,35 @@ def reproduce(
     record_file: Annotated[Path, typer.Argument(help="Record file or results list (e.g. results.json).")],
     model: Annotated[Path, typer.Option("--model", help="Model directory with the record's weights.")],
     name: Annotated[str | None, typer.Option(help="Record name or hash prefix (for a results list).")] = None,
-    n: Annotated[int, typer.Option("--n", min=1, help="Problems to re-generate (chosen at random).")] = 4,
-    seed: Annotated[int, typer.Option(help="Seed of the random choice of problems.")] = 0,
+    max_chunks: Annotated[
+        int | None,
+        typer.Option(
+            "--max-chunks",
+            min=1,
+            help="Re-generate only this many chunks, drawn at random (default: every seed x dataset x "
+            "chunk stratum, i.e. every sample); the detection probability is printed.",
+        ),
+    ] = None,
+    n: Annotated[
+        int | None, typer.Option("--n", min=1, hidden=True, help="Deprecated: same as --max-chunks.")
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of the random choice (default: drawn now from the OS and printed)."),
+    ] = None,
     store: Annotated[
         Path | None, typer.Option(help="Store to note a successful reproduction in (shown on the page).")
     ] = None,
 ) -> None:
-    """Re-generate a random subset of a record's samples from its seeds and compare (exact on CPU)."""
+    """Re-generate a record's samples from its seeds and compare (exact on CPU): every chunk by default,
+    or ``--max-chunks`` chunks chosen with a seed the record's author cannot predict (see
+    :mod:`leaderboards.reproduction`)."""
     reproducer = _HOOKS["reproducer"]
     if reproducer is None:
         _fail(["error: reproduce needs the model code; run it as `srpo leaderboard reproduce`"], code=2)
+    if n is not None and max_chunks is None:
+        typer.echo(f"note: --n is deprecated; taking it as --max-chunks {n}", err=True)
+        max_chunks = n
     try:
         record = _pick(load_records(record_file), name, record_file)
         if record.evidence is None:
@@ -190,7 +214,15 @@ def reproduce(
         sample_set = load_samples(
             samples_path(record_file.parent, record.evidence.samples_sha256), record.evidence
         )
-        report = reproducer(record, sample_set, model, n=n, rng_seed=seed, log=typer.echo)
+        errors = check_evidence(record, sample_set)  # a chunk plan needs a well-formed sample grid
+        if errors:
+            _fail([f"invalid: {record_file} ({record.name})", *(f"  - {e}" for e in errors)])
+        plan = plan_reproduction(
+            sample_set.samples, _chunk_size(sample_set.header), max_chunks=max_chunks, seed=seed
+        )
+        for line in plan.summary():
+            typer.echo(line)
+        report = reproducer(record, sample_set, model, chunks=plan.chunks, rng_seed=plan.seed, log=typer.echo)
     except RecordValidationError as exc:
         _fail([f"invalid: {exc.source or record_file}", *(f"  - {e}" for e in exc.errors)])
     except ValueError as exc:  # EvidenceError, ReproduceError
@@ -198,19 +230,39 @@ def reproduce(
     for line in report.mismatches:
         typer.echo(f"mismatch: {line}", err=True)
     matched = report.compared - len(report.mismatches)
+    where = f"seed {plan.seed}; {len(plan.chunks)} of {plan.n_chunks} chunks"
     if not report.ok:
-        _fail([f"NOT reproduced: {matched} of {report.compared} samples match ({record.name})"])
+        _fail(
+            [
+                f"NOT reproduced: {matched} of {report.compared} samples match ({record.name}; {where})",
+                f"re-run this check with --seed {plan.seed}",
+            ]
+        )
     if store is not None:
         note = {
             "record_hash": record.record_hash,
             "compared": report.compared,
             "matched": matched,
+            "total": plan.total_samples,
+            "seed": plan.seed,
+            "chunks": len(plan.chunks),
+            "n_chunks": plan.n_chunks,
             "date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
         }
         atomic_write_text(
             store / "reproduced" / f"{record.record_hash}.json", json.dumps(note, indent=2) + "\n"
         )
-    typer.echo(f"reproduced: {matched} of {report.compared} samples match exactly ({record.name})")
+    typer.echo(
+        f"reproduced: {matched} of {report.compared} samples match exactly "
+        f"({record.name}; {plan.total_samples} samples in the record; {where})"
+    )
+
+
+def _chunk_size(header: dict[str, Any]) -> int:
+    size = header.get("chunk_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise EvidenceError(f"evidence header chunk_size must be a positive integer, got {size!r}")
+    return size
 
 
 @app.command()
@@ -243,16 +295,38 @@ def sign(
 
 
 def row_status(store: Path, records: list[LeaderboardRecord], keys_file: Path | None) -> dict[str, list[str]]:
-    """Per record hash: ``verified``/``unverified`` (signature by a known key) and ``reproduced``
-    (a note from ``reproduce --store``)."""
+    """Per record hash: ``verified``/``unverified`` (signature by a known key) and, from a note of
+    ``reproduce --store``, ``reproduced M/N (seed S)``: M samples re-generated exactly out of the N
+    in the record, chosen with seed S (so anyone can re-run that check). A note from the first version
+    (a fixed, predictable seed) only says ``checked M samples (predictable seed)``."""
     keys = load_keys(keys_file) if keys_file is not None else {}
     status = {}
     for rec in records:
         tags = ["verified" if verify_signature(rec, keys) else "unverified"]
-        if (store / "reproduced" / f"{rec.record_hash}.json").is_file():
-            tags.append("reproduced")
+        note = _reproduction_note(store / "reproduced" / f"{rec.record_hash}.json", rec.record_hash)
+        if note is not None:
+            tags.append(note)
         status[rec.record_hash] = tags
     return status
+
+
+def _reproduction_note(path: Path, record_hash: str) -> str | None:
+    """The Status tag of a reproduction note, or ``None`` when there is none or it is malformed."""
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_NOTE_BYTES:
+            return None
+        note = loads_bounded(path.read_bytes(), 4, "reproduction note")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(note, dict) or note.get("record_hash") != record_hash:
+        return None
+    fields = {k: note.get(k) for k in ("matched", "compared", "total", "seed")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in fields.values()):
+        matched = note.get("matched")
+        if isinstance(matched, int) and not isinstance(matched, bool) and matched >= 0:
+            return f"checked {matched} samples (predictable seed)"
+        return None
+    return f"reproduced {fields['matched']}/{fields['total']} (seed {fields['seed']})"
 
 
 @app.command()
@@ -262,12 +336,26 @@ def render(
     metric: Annotated[str | None, typer.Option(help="Rank by this metric (default: avg@k).")] = None,
     keys: Annotated[Path | None, typer.Option(help="Keys file of known submitters (JSON).")] = None,
 ) -> None:
-    """Write OUT/leaderboard.md and OUT/leaderboard.html from every record in the store."""
+    """Write OUT/leaderboard.md and OUT/leaderboard.html from every valid record in the store.
+
+    Invalid records (tampered, malformed, hostile) are listed on stderr and left off the page, the
+    rest is rendered, and the exit status is then 1, so CI still notices a store that needs fixing."""
+    if not store.is_dir():
+        _fail([f"error: store {store} is not a directory"], code=2)
     try:
-        records = LeaderboardStore(store).load_all(strict=True)
+        scan = LeaderboardStore(store)._scan()  # each file read once: the invalid ones and the rest
+        bad = {name: errs for name, (_, errs) in scan.items() if errs}
+        records = [rec for rec, errs in scan.values() if rec is not None and not errs]
         status = row_status(store, records, keys)
     except (StoreError, SigningError) as exc:
         _fail([f"error: {exc}"])
+    for name, errs in bad.items():
+        typer.echo(f"skipped invalid: {store / name}", err=True)
+        for err in errs:
+            typer.echo(f"  - {err}", err=True)
     paths = write_leaderboard(records, out, metric=metric, status=status)
     for path in paths.values():
         typer.echo(str(path))
+    if bad:
+        typer.echo(f"{len(bad)} invalid record(s) left off the page; {len(records)} rendered", err=True)
+        raise typer.Exit(1)

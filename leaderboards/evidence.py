@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from srpo_common import atomic_write_bytes, canonical_json, sha256_bytes
+from srpo_common.jsonsafe import json_depth
 
-from .schema import MAX_SAMPLES, Evidence, LeaderboardRecord
+from .schema import MAX_JSON_DEPTH, MAX_SAMPLES, Evidence, LeaderboardRecord
 
 __all__ = [
     "EVIDENCE_FORMAT",
@@ -175,6 +176,10 @@ def load_samples(path: str | os.PathLike[str], evidence: Evidence) -> SampleSet:
         lines.pop()
     if len(lines) - 1 > MAX_SAMPLES:
         raise EvidenceError(f"{path.name}: {len(lines) - 1} samples; at most {MAX_SAMPLES}")
+    # one linear pass over the whole file bounds every line's nesting (a deep line would otherwise be
+    # a RecursionError from inside json.loads)
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise EvidenceError(f"{path.name}: JSON nests deeper than {MAX_JSON_DEPTH} levels; refused")
     parsed: list[Any] = []
     for n, line in enumerate(lines, start=1):
         try:

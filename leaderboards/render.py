@@ -40,7 +40,9 @@ __all__ = [
 ]
 
 _MISSING = "—"
-#: Per record hash, the tags shown in the Status column (``verified``/``unverified``, ``reproduced``).
+#: Per record hash, the tags shown in the Status column (``verified``/``unverified``, ``reproduced M/N
+#: (seed S)``: M samples re-generated exactly of the record's N, with seed S); a tag's first word is its
+#: CSS class.
 Status = Mapping[str, Sequence[str]]
 #: Per suite, the decision rows of a comparison (``decisions.json`` of ``srpo bench compare``): each a
 #: mapping with variant, reference, n_seeds, delta, low, high, p_improvement, verdict, mde, margin
@@ -162,6 +164,11 @@ def _weights(rec: LeaderboardRecord) -> str:
 
 def _date(rec: LeaderboardRecord) -> str:
     return rec.provenance.date[:10]
+
+
+def _tag_class(tag: str) -> str:
+    """A Status tag's CSS class: its first word (``reproduced 96/96 (seed 7)`` -> ``reproduced``)."""
+    return (tag.split() or [""])[0]
 
 
 def _status(rec: LeaderboardRecord, status: Status | None) -> list[str]:
@@ -313,6 +320,7 @@ table.lb th[aria-sort=descending]::after{content:" \\25BC"}
 table.lb tbody tr:hover{background:#f6f8fa}
 .tag{display:inline-block;border-radius:.6rem;padding:0 .35rem;margin:0 .1rem .1rem 0;background:#eef1f4}
 .tag.verified,.tag.reproduced{background:#dafbe1}
+.tag.checked{background:#fff8c5}
 code{font-size:.85rem}
 """.strip()
 
@@ -482,7 +490,7 @@ def _html_table(
             f'<td class="num" data-value="{len(rec.seeds)}" title="{_e(rec.seeds)}">{len(rec.seeds)}</td>',
             f'<td data-value="{_e(prov.date)}" title="{_e(prov.date)}">{_e(_date(rec))}</td>',
             f'<td class="status" data-value="{_e(" ".join(tags))}">'
-            + "".join(f'<span class="tag {_e(t)}">{_e(t)}</span>' for t in tags)
+            + "".join(f'<span class="tag {_e(_tag_class(t))}">{_e(t)}</span>' for t in tags)
             + "</td>",
             f'<td class="record" data-value="{_e(rec.record_hash)}" title="{_e(chr(10).join([rec.record_hash, *extra]))}">'
             f"<code>{_e(rec.record_hash[:8])}</code></td>",

@@ -43,6 +43,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, fie
 from pydantic.types import FiniteFloat
 
 from srpo_common.hashing import canonical_json, sha256_bytes, sha256_file
+from srpo_common.jsonsafe import loads_bounded
 
 __all__ = [
     "Evidence",
@@ -50,6 +51,7 @@ __all__ = [
     "MAX_DATASETS",
     "MAX_METRICS",
     "MAX_RECORD_BYTES",
+    "MAX_JSON_DEPTH",
     "MAX_SAMPLES",
     "MAX_SEEDS",
     "METRIC_RANGES",
@@ -111,6 +113,8 @@ MAX_METRICS = 64
 MAX_SEEDS = 1000
 #: At most this many samples in one record's evidence file.
 MAX_SAMPLES = 2_000_000
+#: Records nest 4 levels (a results list 5); anything much deeper is refused before it is parsed.
+MAX_JSON_DEPTH = 32
 _ZERO_SHA256 = "0" * 64
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -538,6 +542,18 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _loads(text: str | bytes) -> Any:
+    """Strict record JSON: nesting depth checked before parsing (a ``[[[[...`` bomb is a one-line
+    error, not a RecursionError), NaN/Infinity and duplicate keys rejected."""
+    return loads_bounded(
+        text,
+        MAX_JSON_DEPTH,
+        "record JSON",
+        parse_constant=_reject_constant,
+        object_pairs_hook=_no_duplicate_keys,
+    )
+
+
 def _too_big(size: int, source: str | None) -> RecordValidationError:
     return RecordValidationError(
         [
@@ -557,7 +573,7 @@ def parse_record_json(text: str | bytes, source: str | None = None) -> Leaderboa
     if size > MAX_RECORD_BYTES:
         raise _too_big(size, source)
     try:
-        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
+        data = _loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RecordValidationError([f"not valid record JSON: {exc}"], source) from None
     return validate_record(data, source)
@@ -599,7 +615,7 @@ def load_records(path: str | os.PathLike[str]) -> list[LeaderboardRecord]:
     if not raw.lstrip().startswith(b"["):
         return [parse_record_json(raw, str(path))]
     try:
-        items = json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
+        items = _loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RecordValidationError([f"not valid record JSON: {exc}"], str(path)) from None
     if len(items) > MAX_RECORDS_PER_FILE:

@@ -62,6 +62,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from srpo_common import append_jsonl, atomic_write_json, atomic_write_text, sha256_file
+from srpo_common.jsonsafe import loads_bounded
 
 FORMAT = "srpo-checkpoint/1"
 CHECKPOINT_DIR = "checkpoint"
@@ -72,6 +73,11 @@ STATE_FILE = "state.json"
 MANIFEST_FILE = "manifest.json"
 #: The pickle file earlier versions wrote; never loaded (unpickling runs code), only named in errors.
 LEGACY_PICKLE = "checkpoint.pt"
+#: Bounds checked before parsing: the manifest is a few hundred bytes, safetensors headers list one
+#: entry per tensor, and the state nests about 10 levels (optimizer -> state -> param -> $tensor).
+MAX_MANIFEST_BYTES = 1 << 16
+MAX_SAFETENSORS_HEADER_BYTES = 100 << 20
+MAX_STATE_DEPTH = 64
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt; the message is one line naming the file."""
@@ -166,14 +172,54 @@ def decode_state(obj: Any, tensors: Mapping[str, torch.Tensor], where: str = STA
                 raise CheckpointError(f"{where} references tensor {val!r} missing from {TENSORS_FILE}")
             return tensors[val]
         if tag == "$tuple":
+            if not isinstance(val, list):
+                raise CheckpointError(f"{where}: malformed $tuple (not a list)")
             return tuple(decode_state(v, tensors, where) for v in val)
         if tag == "$items":
-            return {decode_state(k, tensors, where): decode_state(v, tensors, where) for k, v in val}
+            if not isinstance(val, list) or not all(isinstance(kv, list) and len(kv) == 2 for kv in val):
+                raise CheckpointError(f"{where}: malformed $items (not a list of [key, value] pairs)")
+            items = [(decode_state(k, tensors, where), decode_state(v, tensors, where)) for k, v in val]
+            if not all(isinstance(k, int | float | str | bool | tuple) or k is None for k, _ in items):
+                raise CheckpointError(f"{where}: malformed $items (a key is not a scalar)")
+            return dict(items)
         if tag == "$float":
+            if val not in _NONFINITE_REPRS:
+                raise CheckpointError(f"{where}: malformed $float {str(val)[:40]!r}")
             return float(val)
         if tag == "$ndarray":
-            return np.asarray(val["data"], dtype=np.dtype(val["dtype"])).reshape(val["shape"])
+            return _decode_ndarray(val, where)
     return {k: decode_state(v, tensors, where) for k, v in obj.items()}
+
+
+#: What ``repr`` gives for the floats JSON cannot hold (all the encoder writes as ``$float``).
+_NONFINITE_REPRS = ("nan", "inf", "-inf")
+#: numpy arrays in a state are small (the numpy RNG's 624 words); no array needs more elements.
+MAX_NDARRAY_ELEMENTS = 1 << 16
+
+
+def _decode_ndarray(val: Any, where: str) -> np.ndarray:
+    """A ``$ndarray`` back to numpy: numeric dtypes only (never ``object``), shape matching the data."""
+    if not isinstance(val, dict) or set(val) != {"dtype", "shape", "data"}:
+        raise CheckpointError(f"{where}: malformed $ndarray (needs dtype, shape and data)")
+    data, shape = val["data"], val["shape"]
+    try:
+        dtype = np.dtype(val["dtype"])
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{where}: $ndarray has an unknown dtype {str(val['dtype'])[:40]!r}") from None
+    if dtype.kind not in "biuf":
+        raise CheckpointError(f"{where}: $ndarray dtype {dtype} is not numeric (object arrays are refused)")
+    if not isinstance(data, list) or len(data) > MAX_NDARRAY_ELEMENTS:
+        raise CheckpointError(f"{where}: $ndarray data must be a list of <= {MAX_NDARRAY_ELEMENTS} values")
+    if not (isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)):
+        raise CheckpointError(f"{where}: $ndarray shape must be a list of non-negative integers")
+    if math.prod(shape) != len(data):
+        raise CheckpointError(f"{where}: $ndarray shape {shape} does not hold its {len(data)} values")
+    if not all(isinstance(x, int | float) for x in data):
+        raise CheckpointError(f"{where}: $ndarray data must be numbers")
+    try:
+        return np.asarray(data, dtype=dtype).reshape(shape)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: $ndarray does not fit its dtype ({exc})") from None
 
 
 # ---------------------------------------------------------------------------------------------- RNG
@@ -241,10 +287,14 @@ def _write(run: Path, state: Mapping[str, Any]) -> Path:
         _fsync_path(tmp / TENSORS_FILE)
         # insertion order kept (no sort_keys): model order and state-dict order round-trip as saved
         atomic_write_text(tmp / STATE_FILE, json.dumps(encoded, allow_nan=False, ensure_ascii=False) + "\n")
+        names = (TENSORS_FILE, STATE_FILE)
         manifest = {
             "format": FORMAT,
             "iteration": state.get("iteration"),
-            "files": {name: sha256_file(tmp / name) for name in (TENSORS_FILE, STATE_FILE)},
+            "files": {name: sha256_file(tmp / name) for name in names},
+            # checked with a stat before anything is hashed: a swapped-in huge (or sparse) file is
+            # refused at once instead of after hashing all of it
+            "sizes": {name: (tmp / name).stat().st_size for name in names},
         }
         atomic_write_json(tmp / MANIFEST_FILE, manifest)  # last: its presence marks a complete write
         os.chmod(tmp, 0o755)  # mkdtemp creates 0700
@@ -319,8 +369,10 @@ def _read_manifest(ckpt: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: {path} is missing")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise CheckpointError(f"checkpoint manifest {path} is larger than {MAX_MANIFEST_BYTES} bytes")
+        manifest = loads_bounded(path.read_bytes(), 8, f"checkpoint manifest {path}")
+    except (UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint manifest {path} is corrupt ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint manifest {path} is corrupt or not format {FORMAT!r}")
@@ -330,14 +382,56 @@ def _read_manifest(ckpt: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify_checkpoint(ckpt_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Check every file of a checkpoint against its manifest's sha256; returns the manifest."""
-    ckpt = Path(ckpt_dir)
-    manifest = _read_manifest(ckpt)
-    for name, expected in manifest["files"].items():
+def _safetensors_size(path: Path) -> int | None:
+    """The size a safetensors file must have according to its own header (8-byte length, JSON
+    header, then exactly the data its offsets cover), or ``None`` when the header is unreadable."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(8)
+            if len(head) != 8:
+                return None
+            n = int.from_bytes(head, "little")
+            if n > MAX_SAFETENSORS_HEADER_BYTES:
+                return None
+            header = loads_bounded(fh.read(n), 4, "safetensors header")
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        return 8 + n + max((int(e) for e in ends), default=0)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
+
+
+def _check_sizes(ckpt: Path, manifest: Mapping[str, Any]) -> None:
+    """Sizes before hashes: each file's size must be the manifest's (checkpoints written before the
+    manifest recorded sizes: the tensors file must be the size its own safetensors header declares)."""
+    sizes = manifest.get("sizes")
+    for name in manifest["files"]:
         path = ckpt / name
         if not path.is_file():
             raise CheckpointError(f"checkpoint file {path} is missing")
+        actual = path.stat().st_size
+        if isinstance(sizes, Mapping):
+            want = sizes.get(name)
+            if isinstance(want, bool) or not isinstance(want, int) or want != actual:
+                raise CheckpointError(
+                    f"checkpoint file {path} is {actual} bytes, the manifest says {want!r}; refusing to "
+                    "resume from it (not hashed)"
+                )
+        elif name == TENSORS_FILE:
+            declared = _safetensors_size(path)
+            if declared != actual:
+                raise CheckpointError(
+                    f"checkpoint file {path} is {actual} bytes, its safetensors header describes "
+                    f"{declared if declared is not None else 'no valid layout'}; refusing to resume from it"
+                )
+
+
+def verify_checkpoint(ckpt_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check every file of a checkpoint against its manifest: sizes first (a stat each), then sha256."""
+    ckpt = Path(ckpt_dir)
+    manifest = _read_manifest(ckpt)
+    _check_sizes(ckpt, manifest)
+    for name, expected in manifest["files"].items():
+        path = ckpt / name
         actual = sha256_file(path)
         if actual != expected:
             raise CheckpointError(
@@ -369,8 +463,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     ckpt = path if (path / MANIFEST_FILE).exists() else require_checkpoint(path)
     verify_checkpoint(ckpt)
     try:
-        encoded = json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        encoded = loads_bounded(
+            (ckpt / STATE_FILE).read_bytes(), MAX_STATE_DEPTH, f"checkpoint file {ckpt / STATE_FILE}"
+        )
+    except (UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint file {ckpt / STATE_FILE} is corrupt ({exc})") from None
     try:
         tensors = load_file(str(ckpt / TENSORS_FILE), device="cpu")
@@ -457,3 +553,185 @@ def remove_checkpoints(run_dir: str | os.PathLike[str]) -> bool:
         remove_stale_temps(run)
     _barrier()
     return found
+
+
+# ---------------------------------------------------------------------------------------------- trust
+class NonFiniteError(RuntimeError):
+    """Training produced non-finite losses/gradients too many steps in a row, or non-finite weights:
+    the run stops (one line) and nothing non-finite is checkpointed or exported."""
+
+
+def nonfinite_tensors(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of floating-point tensors holding a NaN or an infinity (what must never be written)."""
+    bad = []
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad.append(name)
+    return bad
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _finite_tensor_errors(obj: Any, where: str, out: list[str]) -> None:
+    """Every tensor or float inside ``obj`` must be finite (optimizer moments, step counts)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() and not bool(torch.isfinite(obj).all()):
+            out.append(f"{where} holds non-finite values")
+    elif isinstance(obj, float):
+        if not math.isfinite(obj):
+            out.append(f"{where} is {obj}")
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            _finite_tensor_errors(v, f"{where}/{k}", out)
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            _finite_tensor_errors(v, f"{where}/{i}", out)
+
+
+def _optimizer_errors(opt: Any, where: str, lr: Any) -> list[str]:
+    """An AdamW state dict: groups with sane hyper-parameters (``lr`` at most the configured one, as
+    the warm-up only scales it down), finite moments, non-negative second moments and step counts."""
+    if not isinstance(opt, Mapping) or not isinstance(opt.get("state"), Mapping):
+        return [f"{where} is not an optimizer state (no 'state' mapping)"]
+    groups = opt.get("param_groups")
+    if not isinstance(groups, list) or not groups or not all(isinstance(g, Mapping) for g in groups):
+        return [f"{where}/param_groups must be a non-empty list of groups"]
+    errors: list[str] = []
+    for i, g in enumerate(groups):
+        at = f"{where}/param_groups/{i}"
+        for key in ("lr", "eps", "weight_decay", "initial_lr"):
+            v = g.get(key)
+            if key == "initial_lr" and v is None:
+                continue
+            if not _is_num(v) or not math.isfinite(v) or v < 0:
+                errors.append(f"{at}/{key} must be a finite number >= 0, got {v!r}")
+        if _is_num(lr) and math.isfinite(lr):
+            for key in ("lr", "initial_lr"):
+                v = g.get(key)
+                if _is_num(v) and math.isfinite(v) and v > lr * (1 + 1e-6):
+                    errors.append(f"{at}/{key} = {v!r} exceeds the configured learning rate {lr!r}")
+        betas = g.get("betas")
+        pair = isinstance(betas, list | tuple) and len(betas) == 2
+        if not (pair and all(_is_num(b) and 0 <= b < 1 for b in betas)):
+            errors.append(f"{at}/betas must be two numbers in [0, 1), got {betas!r}")
+    for pid, st in opt["state"].items():
+        at = f"{where}/state/{pid}"
+        if not isinstance(st, Mapping):
+            errors.append(f"{at} is not a mapping")
+            continue
+        _finite_tensor_errors(st, at, errors)
+        step = st.get("step")
+        step_v = float(step) if isinstance(step, torch.Tensor) and step.numel() == 1 else step
+        if step is not None and (not _is_num(step_v) or step_v < 0):
+            errors.append(f"{at}/step must be a number >= 0")
+        sq = st.get("exp_avg_sq")
+        if isinstance(sq, torch.Tensor) and sq.is_floating_point() and bool((sq < 0).any()):
+            errors.append(f"{at}/exp_avg_sq has negative entries")
+        if len(errors) > 20:
+            break
+    return errors
+
+
+def _rng_errors(rng: Any) -> list[str]:
+    """Shapes and types of :func:`capture_rng_state` output, checked before any RNG is touched."""
+    if not isinstance(rng, Mapping):
+        return ["rng is not a mapping"]
+    errors = []
+    t = rng.get("torch")
+    ref = torch.get_rng_state()
+    if not (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.shape == ref.shape):
+        errors.append(f"rng/torch must be a uint8 tensor of shape {tuple(ref.shape)}")
+    py = rng.get("python")
+    ok_py = (
+        isinstance(py, tuple | list)
+        and len(py) == 3
+        and _is_int(py[0])
+        and isinstance(py[1], tuple | list)
+        and len(py[1]) == 625
+        and all(_is_int(x) and 0 <= x < 2**32 for x in py[1][:624])
+        and _is_int(py[1][624])
+        and 0 <= py[1][624] <= 624
+        and (py[2] is None or (_is_num(py[2]) and math.isfinite(py[2])))
+    )
+    if not ok_py:
+        errors.append("rng/python must be (version, 625 integers, gauss) as random.getstate() returns")
+    npy = rng.get("numpy")
+    ok_np = (
+        isinstance(npy, tuple | list)
+        and len(npy) == 5
+        and npy[0] == "MT19937"
+        and isinstance(npy[1], np.ndarray)
+        and npy[1].shape == (624,)
+        and npy[1].dtype.kind in "iu"
+        and _is_int(npy[2])
+        and 0 <= npy[2] <= 624
+        and _is_int(npy[3])
+        and _is_num(npy[4])
+        and math.isfinite(npy[4])
+    )
+    if not ok_np:
+        errors.append("rng/numpy must be ('MT19937', 624 words, pos, has_gauss, gauss) as numpy saves it")
+    cuda = rng.get("cuda")
+    uint8 = [isinstance(c, torch.Tensor) and c.dtype == torch.uint8 for c in cuda or []]
+    if cuda is not None and not (isinstance(cuda, list | tuple) and all(uint8)):
+        errors.append("rng/cuda must be a list of uint8 tensors")
+    return errors
+
+
+def validate_train_state(state: Mapping[str, Any]) -> None:
+    """Check a trainer checkpoint's state (see ``Trainer.checkpoint_state``) before anything of it is
+    used, trimmed or written: types, ranges, finite weights and optimizer values, RNG state shapes.
+
+    The sha256 manifest only proves the files are the ones written *with that manifest*; anyone who
+    recomputes it (or a run that diverged before these checks existed) can hand over junk, which used
+    to surface as a ValueError/TypeError traceback, or worse after ``metrics.jsonl`` was already cut
+    back to a junk iteration. Raises one :class:`CheckpointError` listing the first problems.
+    """
+    errors: list[str] = []
+    config = state.get("config")
+    if not isinstance(config, Mapping):
+        raise CheckpointError(f"checkpoint state: config must be a mapping, got {type(config).__name__}")
+    it, total = state.get("iteration"), config.get("iterations")
+    if not _is_int(it) or it < 0 or (_is_int(total) and it > total):
+        errors.append(f"iteration must be an integer in [0, iterations={total!r}], got {str(it)[:40]!r}")
+    versions = state.get("policy_versions")
+    if not isinstance(versions, list) or not all(_is_int(v) and v >= 0 for v in versions):
+        errors.append("policy_versions must be a list of non-negative integers")
+    models = state.get("models")
+    if not isinstance(models, Mapping) or not models:
+        errors.append("models must map model names to weights")
+    else:
+        for name, tensors in models.items():
+            if not isinstance(tensors, Mapping) or not all(
+                isinstance(t, torch.Tensor) for t in tensors.values()
+            ):
+                errors.append(f"models/{name} must map parameter names to tensors")
+                continue
+            bad = nonfinite_tensors(tensors)
+            if bad:
+                errors.append(f"models/{name} has non-finite weights in {len(bad)} tensors (e.g. {bad[0]})")
+    errors += _optimizer_errors(state.get("optimizer"), "optimizer", config.get("lr"))
+    if state.get("critic_optimizer") is not None:
+        critic_lr = config.get("critic_lr")
+        errors += _optimizer_errors(state.get("critic_optimizer"), "critic_optimizer", critic_lr)
+    critic = state.get("critic")
+    if critic is not None:
+        if not isinstance(critic, Mapping):
+            errors.append("critic must map parameter names to tensors")
+        else:
+            _finite_tensor_errors(critic, "critic", errors)
+    sched = state.get("scheduler")
+    if not isinstance(sched, Mapping) or not _is_int(sched.get("last_epoch")) or sched["last_epoch"] < -1:
+        errors.append("scheduler must be a scheduler state with an integer last_epoch >= -1")
+    else:
+        _finite_tensor_errors({k: v for k, v in sched.items() if k != "lr_lambdas"}, "scheduler", errors)
+    errors += _rng_errors(state.get("rng"))
+    if errors:
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise CheckpointError("checkpoint state is invalid: " + "; ".join(errors[:3]) + more)

@@ -81,10 +81,10 @@ SRPO_NORMS = tuple(EVENT_NORMS)
 SHARING = ("shared", "per-role", "lora")
 DTYPES = ("float32", "bfloat16", "float64")
 #: Where a run executes, not what it computes: a checkpoint resumes under other values of these
-#: (and under any world size: checkpoints hold the full state).
+#: (and under any world size: checkpoints hold the full state; a moved run directory resumes).
 LAYOUT_FIELDS = (
-    "rollout_workers", "ray_address", "dp_engine", "dist_timeout",
-    "rollout_timeout", "memory_check", "base_url", "vllm_gpu_memory_utilization", "vllm_sleep", "vllm_enforce_eager",
+    "rollout_workers", "ray_address", "dp_engine", "out_dir", "vllm_gpu_memory_utilization", "vllm_sleep",
+    "vllm_enforce_eager", "dist_timeout", "rollout_timeout", "memory_check", "base_url",
 )  # fmt: skip
 
 
@@ -142,6 +142,10 @@ class TrainConfig:
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
+    max_nonfinite_steps: int = 3
+    """stop the run (non-zero exit, last finite checkpoint kept, nothing exported) after this many optimizer
+    steps in a row were skipped for a non-finite loss or gradient norm (each is counted in
+    actor/nonfinite_steps)"""
     clip_eps: float | None = None
     """clip range of the ratio (event ratio for SRPO, token ratio for GRPO/PPO, sequence ratio for GSPO);
     None: the algorithm's (0.2; GSPO 3e-4 with upper 4e-4, its paper's, as its ratio is a per-token mean)"""
@@ -285,6 +289,8 @@ class TrainConfig:
             )
         if min(self.clip_range()[0], self.clip_range()[1] or 0.0) < 0:
             raise ValueError(f"clip_eps and clip_eps_high must be >= 0, got {self.clip_range()}")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         if self.tis_cap <= 0 or self.rollout_workers < 0:
             raise ValueError("tis_cap must be > 0 and rollout_workers >= 0")
         if not (self.dist_timeout > 0 and self.rollout_timeout > 0):
@@ -448,6 +454,8 @@ class Trainer:
         #: the critic's values of the current batch's events (its "old" values for the value clip)
         self._event_values: torch.Tensor | None = None
         self.iteration = 0
+        self.nonfinite_steps = 0  # optimizer steps skipped for a non-finite loss/gradient (whole run)
+        self._nonfinite_streak = 0
         self._tb: Any = None
 
     # ------------------------------------------------------------------ policies
@@ -695,6 +703,7 @@ class Trainer:
         adv = self._advantages(table)
         stats: dict[str, list[float]] = {}
         dropped = 0
+        skipped_before = self.nonfinite_steps
         for epoch in range(cfg.epochs):
             mbs = event_minibatches(
                 table,
@@ -721,6 +730,7 @@ class Trainer:
         out.update(prep_stats)
         out.update(k_stats(table))  # mean_k, max_k, k_hist, and the multi-member-only view
         out["rollout/events_dropped"] = float(dropped)
+        out["actor/nonfinite_steps"] = float(self.nonfinite_steps - skipped_before)
         return out
 
     def _minibatch_step(
@@ -789,8 +799,12 @@ class Trainer:
         self.scale.reduce_gradients(self.params)  # sum of the ranks' shard gradients (no-op on one)
         total = all_reduce_sum(total, self.dist)
         grad_norm = self.scale.clip_gradients(self.params, cfg.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        if math.isfinite(total) and math.isfinite(float(grad_norm)):
+            self.optimizer.step()
+            self.scheduler.step()  # the schedule counts steps taken; a skipped one is not
+            self._nonfinite_streak = 0
+        else:  # never let a NaN/inf reach the weights: skip the step, count it, stop if it persists
+            self._skip_nonfinite_step(total, float(grad_norm))
         out = {k: float(np.mean([m[k] for m in micro if k in m])) for k in (micro[0] if micro else {})}
         if "max_k" in out:
             out["max_k"] = float(max(m["max_k"] for m in micro))
@@ -819,8 +833,13 @@ class Trainer:
             total += float(vloss.detach()) * share
             for k, v in vstats.items():
                 stats[k] = stats.get(k, 0.0) + float(v) * share
-        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm)
-        self.critic_optimizer.step()
+        critic_norm = float(
+            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm)
+        )
+        if math.isfinite(total) and math.isfinite(critic_norm):
+            self.critic_optimizer.step()
+        else:  # as for the policy: a non-finite value loss never reaches the critic's weights
+            self.critic_optimizer.zero_grad(set_to_none=True)
         return {"critic/value_loss": total, **{f"critic/{k}": v for k, v in stats.items()}}
 
     # ------------------------------------------------------------------ evaluation
@@ -958,8 +977,28 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path | None:
-        """Publish :meth:`checkpoint_state` atomically (rank 0 writes under torch.distributed)."""
-        return ckpt.save_checkpoint(self.out, self.checkpoint_state())
+        """Publish :meth:`checkpoint_state` atomically (rank 0 writes under torch.distributed); weights
+        that are not finite are never written (:class:`~learners.checkpoint.NonFiniteError`)."""
+        state = self.checkpoint_state()
+        for name, tensors in state["models"].items():
+            if ckpt.nonfinite_tensors(tensors):
+                raise ckpt.NonFiniteError(
+                    f"{name} has non-finite weights; not checkpointed (the last checkpoint is kept)"
+                )
+        return ckpt.save_checkpoint(self.out, state)
+
+    def _skip_nonfinite_step(self, loss: float, grad_norm: float) -> None:
+        """Drop this minibatch's gradients instead of stepping; after ``max_nonfinite_steps`` in a row
+        raise :class:`~learners.checkpoint.NonFiniteError` (the run stops before it saves or exports)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite_steps += 1
+        self._nonfinite_streak += 1
+        if self._nonfinite_streak >= self.cfg.max_nonfinite_steps:
+            raise ckpt.NonFiniteError(
+                f"training diverged: {self._nonfinite_streak} optimizer steps in a row had a non-finite loss "
+                f"or gradient (last: loss {loss}, grad norm {grad_norm}) at iteration {self.iteration + 1}; "
+                f"stopped without exporting; the last checkpoint in {self.out} is kept (lower --lr?)"
+            )
 
     def load_checkpoint(self, path: str | os.PathLike[str] | None = None) -> None:
         """Restore a checkpoint (run or checkpoint directory) and drop metrics logged after it.
@@ -968,7 +1007,12 @@ class Trainer:
         :class:`learners.checkpoint.CheckpointError` and leaves this trainer untouched.
         """
         state = ckpt.load_checkpoint(path or self.out)
-        saved = TrainConfig.from_dict(state["config"])
+        ckpt.validate_train_state(state)  # junk values: one CheckpointError, before anything is touched
+        try:
+            saved = TrainConfig.from_dict(dict(state["config"]))
+        except (TypeError, ValueError) as exc:
+            where = path or self.out
+            raise ckpt.CheckpointError(f"checkpoint in {where} has an invalid config: {exc}") from None
         old, new = ({k: v for k, v in asdict(c).items() if k not in LAYOUT_FIELDS} for c in (saved, self.cfg))
         if old != new:
             diff = {k for k in old if old[k] != new[k]}
@@ -992,6 +1036,9 @@ class Trainer:
         """``save_pretrained`` of the trained policy (one folder per distinct model)."""
         out = Path(out)
         models = self.scale.full_policies()  # FSDP2: unsharded copies on rank 0 (collective), else ours
+        for i, pol in enumerate(models):
+            if ckpt.nonfinite_tensors(pol.model.state_dict()):
+                raise ckpt.NonFiniteError(f"model{i} has non-finite weights; not exported to {out}")
         for i, pol in enumerate(models):
             target = out if len(models) == 1 else out / f"model{i}"
             pol.model.save_pretrained(target)

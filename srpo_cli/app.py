@@ -1,14 +1,65 @@
-"""The ``srpo`` command: one typer app wiring the packages' own command groups."""
+"""The ``srpo`` command: one typer app wiring the packages' own command groups, and its error boundary.
+
+Every ``srpo`` command runs inside :func:`main`, which turns the failures a user can meet - a corrupt
+or hostile file, a refused checkpoint, a full disk, a diverged run - into one line on stderr and a
+documented exit status (:data:`EXIT_CODES`); the traceback is printed only with ``--debug`` (anywhere
+on the command line) or ``SRPO_DEBUG=1``. Unexpected exceptions are bugs: one line naming the
+exception and exit 70, the traceback again with ``--debug``.
+
+Exit status:
+
+* 0 - success
+* 1 - a check failed: ``leaderboard validate`` found invalid records, ``reproduce`` found mismatches,
+  ``render`` left invalid records off the page
+* 2 - bad usage or bad input: an unknown option or value, a missing, corrupt, oversized or too deeply
+  nested file, a checkpoint refused by its manifest or its contents, an invalid record
+* 3 - training diverged: non-finite loss or gradients for ``--max-nonfinite-steps`` optimizer steps in
+  a row (the last finite checkpoint is kept, nothing is exported)
+* 4 - the system failed: disk full (ENOSPC, quota), permission denied, out of memory, other OS errors
+* 70 - internal error (a bug in srpo): please report it with the ``--debug`` traceback
+* 130 - interrupted (Ctrl-C)
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
 
 import typer
 
+#: Exit status -> meaning (the module docstring explains each).
+EXIT_CODES = {
+    0: "success",
+    1: "a check failed (invalid records, reproduction mismatches)",
+    2: "bad usage or bad input (options, corrupt/hostile/missing files, refused checkpoints)",
+    3: "training diverged (non-finite loss or gradients)",
+    4: "the system failed (disk full, permission denied, out of memory, other OS errors)",
+    70: "internal error (a bug: rerun with --debug and report the traceback)",
+    130: "interrupted",
+}
+_EPILOG = "Exit status: " + "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items()) + "."
+
 app = typer.Typer(
-    help="srpo: multi-agent LLM environments, learners, benchmarks and leaderboards.", no_args_is_help=True
+    help="srpo: multi-agent LLM environments, learners, benchmarks and leaderboards.",
+    no_args_is_help=True,
+    epilog=_EPILOG,
 )
+
+
+@app.callback()
+def _options(
+    debug: bool = typer.Option(
+        False, "--debug", help="Print the full traceback of an error (also: SRPO_DEBUG=1); any position."
+    ),
+) -> None:
+    """srpo: multi-agent LLM environments, learners, benchmarks and leaderboards."""
+    if debug:
+        os.environ["SRPO_DEBUG"] = "1"
 
 
 @app.command("envs")
@@ -120,8 +171,88 @@ def _wire_leaderboard_hooks() -> None:
 _wire()
 
 
-def main() -> None:
-    app()
+#: Exceptions that mean "this input (file, option, checkpoint) is not acceptable": exit 2. By name
+#: and module, so that the boundary imports nothing a command did not already import.
+_INPUT_ERRORS = {
+    ("learners.checkpoint", "CheckpointError"),
+    ("learners.checkpoint", "CheckpointConfigError"),
+    ("leaderboards.schema", "RecordValidationError"),
+    ("leaderboards.evidence", "EvidenceError"),
+    ("leaderboards.store", "StoreError"),
+    ("leaderboards.signing", "SigningError"),
+    ("benchmarks.evidence", "ReproduceError"),
+    ("agents.model_source", "ModelNotAvailable"),
+    ("srpo_common.jsonsafe", "JSONDepthError"),
+    ("json.decoder", "JSONDecodeError"),
+    ("builtins", "UnicodeDecodeError"),
+}
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _one_line(text: str, limit: int = 600) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _classify(exc: BaseException) -> tuple[int, str]:
+    """Exit status and the one line to print for an exception that escaped a command."""
+    names = {(k.__module__, k.__qualname__) for k in type(exc).__mro__}
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "interrupted"
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        where = f" writing {exc.filename}" if exc.filename else ""
+        return 4, f"error: disk full{where} ({exc.strerror or exc}); nothing half-written was published"
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return 4, f"error: {exc.strerror or exc}{where}"
+    if isinstance(exc, MemoryError):
+        return 4, "error: out of memory"
+    if type(exc).__name__ == "SafetensorError":  # safetensors' own type; its I/O errors are in the text
+        text = str(exc)
+        if "No space left" in text or "code: 28" in text or "StorageFull" in text:
+            return 4, f"error: disk full while writing tensors ({_one_line(text, 200)})"
+        return 2, f"error: unreadable safetensors file ({_one_line(text, 300)})"
+    if isinstance(exc, RecursionError):
+        return 2, "error: input nested too deeply to process (a hostile or corrupt file?)"
+    if ("learners.checkpoint", "NonFiniteError") in names:
+        return 3, f"error: {_one_line(str(exc))}"
+    if names & _INPUT_ERRORS:
+        errors = getattr(exc, "errors", None)
+        if isinstance(errors, list) and errors:  # RecordValidationError: first problem and a count
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            source = getattr(exc, "source", None)
+            return 2, _one_line(f"invalid: {source + ': ' if source else ''}{errors[0]}{more}")
+        return 2, f"error: {_one_line(str(exc))}"
+    return 70, (
+        f"internal error: {type(exc).__name__}: {_one_line(str(exc), 300)} "
+        "(a bug; rerun with --debug for the traceback and report it)"
+    )
+
+
+def _close_progress_bars() -> None:
+    """Finish any tqdm bar a failed command left open, so the error gets a line of its own."""
+    tqdm = sys.modules.get("tqdm.std")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or []):
+        with contextlib.suppress(Exception):  # cosmetic: never let it hide the real error
+            bar.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``srpo`` with its error boundary (see the module docstring for the exit status)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("SRPO_DEBUG") == "1"
+    args = [a for a in args if a != "--debug"]
+    try:
+        app(args=args, prog_name="srpo")
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the boundary: every failure is one line and a status
+        code, line = _classify(exc)
+        _close_progress_bars()
+        if debug:
+            traceback.print_exception(exc, file=sys.stderr)
+        print(line, file=sys.stderr)
+        raise SystemExit(code) from None
 
 
 if __name__ == "__main__":

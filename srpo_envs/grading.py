@@ -169,6 +169,7 @@ class _Worker:
         )
         self._buf = b""
         self.ready = False
+        self.last_imports: int | None = None
         self._failure: GraderError | None = None
 
     def _read_line(self, deadline: float) -> bytes | None:
@@ -246,6 +247,8 @@ class _Worker:
         reply = self._reply(reply_line)
         if not isinstance(reply.get("ok"), bool):
             raise GraderError(f"grader worker sent {reply_line[:200]!r} without a boolean 'ok'")
+        # modules the answer imported: start-up work that leaked onto its clock (the warm-up's job)
+        self.last_imports = reply.get("imports")
         return reply["ok"]
 
     def _stderr_tail(self) -> str:

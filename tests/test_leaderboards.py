@@ -497,14 +497,15 @@ def test_cli_invalid_exits_nonzero(tmp_path) -> None:
     res = runner.invoke(app, ["validate", "--allow-missing-evidence", str(good), str(bad)])
     assert res.exit_code == 1
     assert "1 of 2 record(s) invalid" in res.stderr and "ok: " in res.stdout
-    # A tampered file inside the store fails validate and render.
+    # A tampered file inside the store fails validate and render; render lists it, leaves it off the
+    # page it writes from the rest (issue 31), and exits 1.
     path = store.submit(record(), lb)
     path.write_text(path.read_text().replace('"srpo run"', '"someone else"'))
     res = runner.invoke(app, ["validate", "--store", str(lb)])
     assert res.exit_code == 1 and "record_hash mismatch" in res.stderr
     res = runner.invoke(app, ["render", "--store", str(lb), "--out", str(tmp_path / "o")])
-    assert res.exit_code == 1 and "record_hash mismatch" in res.stderr
-    assert not (tmp_path / "o").exists()
+    assert res.exit_code == 1 and "record_hash mismatch" in res.stderr and "skipped invalid" in res.stderr
+    assert "someone else" not in (tmp_path / "o" / "leaderboard.md").read_text()
     res = runner.invoke(app, ["validate"])
     assert res.exit_code == 2
 
