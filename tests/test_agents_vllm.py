@@ -480,6 +480,9 @@ def test_vllm_engine_sleeps_through_the_update_and_wakes_for_the_next_push(
     learner = _lora_learner(tiny_model_dir, roles)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=2)
 
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"vllm_gpu_memory_utilization must be in \(0, 1\]"):
+            _scale_trainer(learner, roles, tiny_model_dir, vllm_gpu_memory_utilization=bad)
     monkeypatch.setattr(backend, "sleep_mode_available", lambda: False)  # the CPU build
     scale = ScaleOut(_scale_trainer(learner, roles, tiny_model_dir, vllm_gpu_memory_utilization=0.45))
     train, _ = scale.collectors(env_fn, env_fn, sampling)
