@@ -125,6 +125,13 @@ def eval_cmd(
     ] = None,
     device: Annotated[str | None, typer.Option(help="torch device (default: cpu).")] = None,
     backend: Annotated[str, typer.Option(help="Generation backend: hf (transformers) or vllm.")] = "hf",
+    vllm_dtype: Annotated[
+        str,
+        typer.Option(
+            help="--backend vllm: the engine's dtype: auto (vLLM's choice: bf16/fp16 for a float32 "
+            "checkpoint), float32 (the hf backend's numerics), bfloat16, float16."
+        ),
+    ] = "auto",
     workers: Annotated[
         int, typer.Option(min=0, help="Ray rollout workers, each with its own model copy (0: this process).")
     ] = 0,
@@ -256,7 +263,7 @@ def eval_cmd(
     elif backend == "vllm":
         from agents.vllm import VLLMPolicy
 
-        policy = VLLMPolicy(str(model_dir))
+        policy = VLLMPolicy(str(model_dir), dtype=vllm_dtype)
     else:
         from agents.hf import HFPolicy  # lazy: torch/transformers load only when a model is evaluated
 
