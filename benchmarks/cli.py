@@ -649,7 +649,7 @@ def report_cmd(
 ) -> None:
     """Print the paper's table layout (methods x benchmarks + Avg., ± over seeds, bootstrap CIs)
     from the per-sample records saved under RUN_DIRS; write it as markdown, CSV and a bar plot."""
-    from benchmarks.compare import decision_frame, write_decisions
+    from benchmarks.decide import decision_frame, write_decisions  # light: no torch import
     from benchmarks.paper import load_runs, paper_tables, write_paper
 
     try:

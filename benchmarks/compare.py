@@ -32,6 +32,7 @@ import pandas as pd
 
 from agents.policy import PolicyMap, SamplingParams
 from benchmarks import decide
+from benchmarks.decide import decision_frame, decisions_markdown, reference_of, write_decisions  # noqa: F401
 from benchmarks.evaluate import EvalResult, evaluate
 from benchmarks.paper import paper_tables, run_from_result, write_paper
 from benchmarks.presets import ABLATIONS, ALGORITHMS  # noqa: F401  (ABLATIONS re-exported)
@@ -353,60 +354,10 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     return ComparisonResult(table, runs_df, curves_df, records, paths, k_df, decisions)
 
 
-def reference_of(variants: Sequence[str], reference: str | None = None) -> str:
-    """The variant the others are compared with: ``reference`` when given (it must be a variant; ``sqrt``
-    also names the ablation's ``srpo-sqrt``), else srpo (the algorithm comparison), else srpo-sqrt (the
-    ablation's default normalisation), else the first."""
-    if reference is not None:
-        for name in (reference, f"srpo-{reference}"):
-            if name in variants:
-                return name
-        raise ValueError(f"reference {reference!r} is not a compared variant: {', '.join(variants)}")
-    return next((v for v in ("srpo", "srpo-sqrt", "sqrt") if v in variants), variants[0])
-
-
 def decisions_of(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) -> pd.DataFrame:
     """Every variant against the reference on the runs' held-out samples, paired by seed and problem."""
     samples = {n: {s: evals[(n, s)].samples for s in cfg.seeds} for n in cfg.variants}
-    return decision_frame(samples, cfg.reference, cfg.margin)
-
-
-def decision_frame(
-    samples: Mapping[str, Mapping[int, pd.DataFrame]],
-    reference: str | None = None,
-    margin: float = decide.MARGIN,
-) -> pd.DataFrame:
-    """``method -> seed -> per-sample frame`` -> one :class:`benchmarks.decide.Decision` row per method
-    other than the reference (:func:`reference_of`); the start model is not a variant and is left out.
-    Empty when fewer than two variants."""
-    names = [n for n in samples if n != START_LABEL]
-    if len(names) < 2:
-        return pd.DataFrame()
-    matrices = decide.score_matrices({n: samples[n] for n in names})
-    rows = decide.decision_table(matrices, reference_of(names, reference), margin=margin)
-    return pd.DataFrame([d.row() for d in rows])
-
-
-def write_decisions(decisions: pd.DataFrame, out: Path, title: str) -> dict[str, Path]:
-    """``decisions.csv`` (every number) and ``decisions.md`` (the formatted table and how to read it)."""
-    if decisions.empty:
-        return {}
-    return {
-        "decisions_csv": write_csv(decisions, out / "decisions.csv"),
-        "decisions_md": atomic_write_text(out / "decisions.md", decisions_markdown(decisions, title)),
-    }
-
-
-def decisions_markdown(decisions: pd.DataFrame, title: str) -> str:
-    """The decision table as markdown, with the margin, level and what MDE means spelled out."""
-    first = decisions.iloc[0]
-    return (
-        f"## {title}: each variant vs {first['reference']}\n\n"
-        + to_markdown(decide.format_decisions(decisions))
-        + "\n\n"
-        + decide.LEGEND.format(margin=100 * float(first["margin"]), seeds=int(first["n_seeds"]))
-        + "\n"
-    )
+    return decision_frame(samples, cfg.reference, cfg.margin, skip=(START_LABEL,))
 
 
 def _summary_table(

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -52,18 +53,22 @@ __all__ = [
     "Decision",
     "ScoreMatrix",
     "decide",
+    "decision_frame",
     "decision_table",
+    "decisions_markdown",
     "iqm",
     "mde",
     "paired_difference",
     "power",
     "power_table",
     "probability_of_improvement",
+    "reference_of",
     "score_matrices",
     "seeds_needed",
     "two_level_bootstrap",
     "unpaired_difference",
     "variance_components",
+    "write_decisions",
 ]
 
 #: Two-sided level of every interval and test here (95% intervals), and the target power of an MDE.
@@ -703,3 +708,63 @@ def jsonable_row(row: Mapping[str, Any]) -> dict[str, Any]:
             value = None
         out[key] = value
     return out
+
+
+# ------------------------------------------------------------------------------- tables and files
+
+
+def reference_of(variants: Sequence[str], reference: str | None = None) -> str:
+    """The variant the others are compared with: ``reference`` when given (it must be a variant; ``sqrt``
+    also names the ablation's ``srpo-sqrt``), else srpo (the algorithm comparison), else srpo-sqrt (the
+    ablation's default normalisation), else the first."""
+    if reference is not None:
+        for name in (reference, f"srpo-{reference}"):
+            if name in variants:
+                return name
+        raise ValueError(f"reference {reference!r} is not a compared variant: {', '.join(variants)}")
+    return next((v for v in ("srpo", "srpo-sqrt", "sqrt") if v in variants), variants[0])
+
+
+def decision_frame(
+    samples: Mapping[str, Mapping[int, pd.DataFrame]],
+    reference: str | None = None,
+    margin: float = MARGIN,
+    skip: Sequence[str] = ("start (SFT)",),
+) -> pd.DataFrame:
+    """``method -> seed -> per-sample frame`` -> one :class:`Decision` row per method other than the
+    reference (:func:`reference_of`); ``skip`` (the start model) is no variant. Empty when fewer than
+    two variants."""
+    names = [n for n in samples if n not in skip]
+    if len(names) < 2:
+        return pd.DataFrame()
+    matrices = score_matrices({n: samples[n] for n in names})
+    rows = decision_table(matrices, reference_of(names, reference), margin=margin)
+    return pd.DataFrame([d.row() for d in rows])
+
+
+def write_decisions(decisions: pd.DataFrame, out: str | Path, title: str) -> dict[str, Path]:
+    """``decisions.csv`` (every number) and ``decisions.md`` (the formatted table and how to read it)."""
+    if decisions.empty:
+        return {}
+    from benchmarks.report import write_csv
+    from srpo_common import atomic_write_text
+
+    out = Path(out)
+    return {
+        "decisions_csv": write_csv(decisions, out / "decisions.csv"),
+        "decisions_md": atomic_write_text(out / "decisions.md", decisions_markdown(decisions, title)),
+    }
+
+
+def decisions_markdown(decisions: pd.DataFrame, title: str) -> str:
+    """The decision table as markdown, with the margin, level and what MDE means spelled out."""
+    from benchmarks.report import to_markdown
+
+    first = decisions.iloc[0]
+    return (
+        f"## {title}: each variant vs {first['reference']}\n\n"
+        + to_markdown(format_decisions(decisions))
+        + "\n\n"
+        + LEGEND.format(margin=100 * float(first["margin"]), seeds=int(first["n_seeds"]))
+        + "\n"
+    )
