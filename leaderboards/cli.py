@@ -230,14 +230,11 @@ def reproduce(
     for line in report.mismatches:
         typer.echo(f"mismatch: {line}", err=True)
     matched = report.compared - len(report.mismatches)
-    where = f"seed {plan.seed}; {len(plan.chunks)} of {plan.n_chunks} chunks"
+    where = f"{plan.label}; {len(plan.chunks)} of {plan.n_chunks} chunks"
     if not report.ok:
-        _fail(
-            [
-                f"NOT reproduced: {matched} of {report.compared} samples match ({record.name}; {where})",
-                f"re-run this check with --seed {plan.seed}",
-            ]
-        )
+        rerun = [] if plan.every_stratum else [f"re-run this check with --seed {plan.seed}"]
+        head = f"NOT reproduced: {matched} of {report.compared} samples match ({record.name}; {where})"
+        _fail([head, *rerun])
     if store is not None:
         note = {
             "record_hash": record.record_hash,
@@ -296,8 +293,9 @@ def sign(
 
 def row_status(store: Path, records: list[LeaderboardRecord], keys_file: Path | None) -> dict[str, list[str]]:
     """Per record hash: ``verified``/``unverified`` (signature by a known key) and, from a note of
-    ``reproduce --store``, ``reproduced M/N (seed S)``: M samples re-generated exactly out of the N
-    in the record, chosen with seed S (so anyone can re-run that check). A note from the first version
+    ``reproduce --store``, ``reproduced M/N (all chunks)`` or ``reproduced M/N (seed S)``: M samples
+    re-generated exactly out of the N in the record, every chunk or chunks drawn with seed S (so anyone
+    can re-run that check). A note from the first version
     (a fixed, predictable seed) only says ``checked M samples (predictable seed)``."""
     keys = load_keys(keys_file) if keys_file is not None else {}
     status = {}
@@ -326,7 +324,9 @@ def _reproduction_note(path: Path, record_hash: str) -> str | None:
         if isinstance(matched, int) and not isinstance(matched, bool) and matched >= 0:
             return f"checked {matched} samples (predictable seed)"
         return None
-    return f"reproduced {fields['matched']}/{fields['total']} (seed {fields['seed']})"
+    every = note.get("chunks") == note.get("n_chunks") and isinstance(note.get("chunks"), int)
+    how = "all chunks" if every else f"seed {fields['seed']}"
+    return f"reproduced {fields['matched']}/{fields['total']} ({how})"
 
 
 @app.command()

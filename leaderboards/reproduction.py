@@ -67,6 +67,11 @@ class ReproductionPlan:
     def every_stratum(self) -> bool:
         return len(self.chunks) == self.n_chunks
 
+    @property
+    def label(self) -> str:
+        """How the chunks were chosen, for messages and the page: ``all chunks`` or ``seed S``."""
+        return "all chunks" if self.every_stratum else f"seed {self.seed}"
+
     def detection(self, fraction: float) -> tuple[int, float]:
         """``(forged samples, probability the check catches at least one)`` for a forgery of
         ``fraction`` of the samples (at least one sample)."""
@@ -77,7 +82,9 @@ class ReproductionPlan:
     def summary(self) -> list[str]:
         """The lines ``reproduce`` prints before it starts: seed, coverage, detection probability."""
         lines = [
-            f"seed {self.seed} (re-run this exact check with --seed {self.seed})",
+            "every chunk is re-generated: no sample is left to chance (no seed needed)"
+            if self.every_stratum
+            else f"seed {self.seed} (re-run this exact check with --seed {self.seed})",
             f"re-generating {len(self.chunks)} of {self.n_chunks} chunks (seed x dataset x chunk strata): "
             f"{self.compared_samples} of {self.total_samples} samples compared",
         ]

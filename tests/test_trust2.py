@@ -74,7 +74,8 @@ def test_plan_covers_every_stratum_and_states_its_detection_probability() -> Non
     assert plan.n_chunks == 16 and len(plan.chunks) == 16 and plan.every_stratum
     assert plan.compared_samples == plan.total_samples == 64
     assert plan.detection(0.01) == (1, 1.0)
-    assert any("re-run this exact check with --seed" in line for line in plan.summary())
+    assert plan.summary()[0].startswith("every chunk is re-generated")
+    assert "re-run this exact check with --seed" in plan_reproduction(samples, 2, max_chunks=3).summary()[0]
     # a budget: chunks drawn with a seed nobody could know in advance, the same again with that seed
     a, b = plan_reproduction(samples, 2, max_chunks=4), plan_reproduction(samples, 2, max_chunks=4)
     assert a.seed != b.seed and len(a.chunks) == 4
@@ -195,15 +196,14 @@ def test_page_says_how_many_samples_were_reproduced_with_which_seed(tmp_path: Pa
     note.write_text(json.dumps({"record_hash": rec.record_hash, "compared": 96, "matched": 96}))
     old = row_status(lb, [rec], None)[rec.record_hash]
     assert old == ["unverified", "checked 96 samples (predictable seed)"]
-    note.write_text(
-        json.dumps(
-            {"record_hash": rec.record_hash, "compared": 256, "matched": 256, "total": 256, "seed": 9871}
-        )
-    )
+    fields = {"record_hash": rec.record_hash, "compared": 64, "matched": 64, "total": 256, "seed": 9871}
+    note.write_text(json.dumps({**fields, "chunks": 2, "n_chunks": 8}))
     status = row_status(lb, [rec], None)
-    assert status[rec.record_hash] == ["unverified", "reproduced 256/256 (seed 9871)"]
+    assert status[rec.record_hash] == ["unverified", "reproduced 64/256 (seed 9871)"]
     page = render_html([rec], status=status)
-    assert '<span class="tag reproduced">reproduced 256/256 (seed 9871)</span>' in page
+    assert '<span class="tag reproduced">reproduced 64/256 (seed 9871)</span>' in page
+    note.write_text(json.dumps({**fields, "compared": 256, "matched": 256, "chunks": 8, "n_chunks": 8}))
+    assert row_status(lb, [rec], None)[rec.record_hash][1] == "reproduced 256/256 (all chunks)"
 
 
 # ------------------------------------------------------------------------------ 2. non-finite training
