@@ -731,6 +731,13 @@ def validate_train_state(state: Mapping[str, Any]) -> None:
         errors.append("scheduler must be a scheduler state with an integer last_epoch >= -1")
     else:
         _finite_tensor_errors({k: v for k, v in sched.items() if k != "lr_lambdas"}, "scheduler", errors)
+        lr = config.get("lr")
+        for key in ("base_lrs", "_last_lr"):  # the next scheduler step sets lr = base_lr * factor <= base_lr
+            values = sched.get(key, [])
+            if not isinstance(values, list) or not all(
+                _is_num(v) and 0 <= v <= (lr * (1 + 1e-6) if _is_num(lr) else math.inf) for v in values
+            ):
+                errors.append(f"scheduler/{key} must be learning rates in [0, the configured {lr!r}]")
     errors += _rng_errors(state.get("rng"))
     if errors:
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""

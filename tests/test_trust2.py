@@ -284,6 +284,7 @@ def _edit_state(run: Path, edit) -> None:
         (lambda s: s.update(iteration="3"), "iteration must be an integer"),
         (lambda s: s["optimizer"]["param_groups"][0].update(lr=1e3), "exceeds the configured learning rate"),
         (lambda s: s["optimizer"]["param_groups"][0].update(lr={"$float": "nan"}), "lr must be a finite"),
+        (lambda s: s["scheduler"].update(base_lrs=[1e3]), "scheduler/base_lrs"),
         (lambda s: s["rng"]["numpy"]["$tuple"].__setitem__(2, 10**9), "rng/numpy"),
         (
             lambda s: s["rng"]["numpy"]["$tuple"].__setitem__(
