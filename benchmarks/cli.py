@@ -726,7 +726,10 @@ def power_cmd(
         raise typer.BadParameter(f"no evals of {missing} under {from_dir}", param_hint="--from")
     whole = sum(suite_problems(suite).values())
     pilot = len(next(iter(next(iter(samples.values())).values())).groupby(["dataset", "problem_id"]))
-    report = power_report(suite, samples, names, problems=sorted({pilot, whole}))
+    try:
+        report = power_report(suite, samples, names, problems=sorted({pilot, whole}))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--seeds / --from") from None
     text = report.markdown()
     typer.echo(text)
     out.mkdir(parents=True, exist_ok=True)

@@ -93,6 +93,11 @@ def power_report(
     a, b = variants
     m = decide.score_matrices({a: samples[a], b: samples[b]})
     ma, mb = m[a], m[b]
+    if ma.seeds != mb.seeds or len(ma.seeds) < 2:
+        raise ValueError(
+            f"a power pilot needs the same >= 2 training seeds for {a} ({list(ma.seeds)}) and {b} "
+            f"({list(mb.seeds)}): one seed says nothing about the seed variance"
+        )
     d = ma.scores - mb.scores
     comps = decide.variance_components(d, ma.datasets, ma.within + mb.within, k=ma.k)
     single = decide.variance_components(ma.scores, ma.datasets, ma.within, k=ma.k)

@@ -292,6 +292,11 @@ def test_bench_power_from_finished_runs(tmp_path) -> None:  # noqa: ANN001
     assert "seeds for Δ=5 pt" in text and "MDE @ 10 seeds (pt)" in text
     bad = CliRunner().invoke(app, ["power", "--from", str(tmp_path), "--variants", "srpo,mappo"])
     assert bad.exit_code != 0 and "no evals of ['mappo']" in bad.output
+    one = tmp_path / "one"
+    _saved_run(one / "evals", "srpo", 0, 0.5)
+    _saved_run(one / "evals", "grpo", 0, 0.45)
+    bad = CliRunner().invoke(app, ["power", "--suite", "quick-math", "--from", str(one), "--out", str(one)])
+    assert bad.exit_code != 0 and "needsthesame>=2trainingseeds" in "".join(bad.output.replace("│", "").split())
 
 
 def test_tables_print_whole_when_stdout_is_not_a_terminal(capsys) -> None:  # noqa: ANN001
