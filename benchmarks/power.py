@@ -62,6 +62,16 @@ class PowerReport:
             f"(the ± a single-method table shows); the paired difference's seed sd is "
             f"{100 * c.seed**0.5:.1f} pt.",
             "",
+            *(
+                [
+                    "**The pilot's between-seed variance came out 0** (its moment estimate was <= 0 with "
+                    f"{c.n_seeds} seeds): the table below then ignores training-seed noise and is optimistic; "
+                    "rerun the pilot with more seeds before trusting it.",
+                    "",
+                ]
+                if c.seed == 0.0
+                else []
+            ),
             "Seeds needed to detect Δ (two-sided 5%, 80% power), and the MDE with the pilot's and with 10 "
             "seeds:",
             "",
