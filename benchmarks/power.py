@@ -58,9 +58,9 @@ class PowerReport:
             + ", ".join(f"{d} {v:.2e}" for d, v in c.residual.items())
             + f". Share of the pilot mean's variance: {shares}.",
             "",
-            f"One method's score ({a}) varies between seeds by sd {100 * self.single.seed**0.5:.1f} pt "
-            f"(the ± a single-method table shows); the paired difference's seed sd is "
-            f"{100 * c.seed**0.5:.1f} pt.",
+            f"Seed component of one method's score ({a}), beyond what problem and sample noise explain "
+            f"(method of moments, 0 when they explain it all): sd {100 * self.single.seed**0.5:.1f} pt; "
+            f"of the paired difference: sd {100 * c.seed**0.5:.1f} pt.",
             "",
             *(
                 [
