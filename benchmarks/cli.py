@@ -470,9 +470,9 @@ def _train_overrides(
 
 
 def _eval_settings(suite: str, k: int | None, limit: int | None) -> tuple[int, int]:
-    """``--eval-k`` / ``--eval-limit`` as given, else the suite's ``bench quick`` eval, else
-    :func:`_eval_k`'s default and ``COMPARE_DEFAULTS["eval_limit"]``."""
-    quick = presets.QUICK_SETTINGS.get(suite, {})
+    """``--eval-k`` / ``--eval-limit`` as given, else the suite's decision eval (``presets.DECISION_EVAL``),
+    else its ``bench quick`` eval, else :func:`_eval_k`'s default and ``COMPARE_DEFAULTS["eval_limit"]``."""
+    quick = presets.DECISION_EVAL.get(suite) or presets.QUICK_SETTINGS.get(suite, {})
     k = k if k is not None else quick.get("eval_k")
     default_limit = presets.COMPARE_DEFAULTS["eval_limit"]
     limit = limit if limit is not None else quick.get("eval_limit", default_limit)
@@ -481,9 +481,13 @@ def _eval_settings(suite: str, k: int | None, limit: int | None) -> tuple[int, i
 
 _PRESET_HELP = "default: the suite's bench quick setting (benchmarks/presets.py), else the quick preset"
 _EVAL_K_HELP = (
-    "eval samples per problem (default: the suite's bench quick k, else 16 for math suites, else 2)"
+    "eval samples per problem (default: the suite's presets.DECISION_EVAL k, else its bench quick k, "
+    "else 16 for math suites, else 2)"
 )
-_EVAL_LIMIT_HELP = "eval problems per dataset (default: the suite's bench quick limit, else 32)"
+_EVAL_LIMIT_HELP = (
+    "eval problems per dataset (default: the suite's presets.DECISION_EVAL limit, else its bench quick "
+    "limit, else 32)"
+)
 _ROWS_HELP = "rows per minibatch (an iteration's rows / this = optimizer steps; replaces the preset's split)"
 _EPOCHS_HELP = "passes over each rollout batch (> 1: off-policy updates; default: the suite's preset)"
 _MINIBATCHES_HELP = "split each rollout batch into this many minibatches (overrides --rows-per-batch)"

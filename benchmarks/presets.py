@@ -151,10 +151,10 @@ _SEARCH_TRAIN: dict[str, Any] = {**_COLUMNS_TRAIN, "iterations": 16, "lr": 1e-4}
 
 #: Per-suite RL settings, eval k and eval problems per dataset of ``bench quick``.
 QUICK_SETTINGS: dict[str, dict[str, Any]] = {
-    # the whole held-out split (128 problems per size), so the main job's records are full-suite ones
-    # and its comparison is not limited by a 64-problem sample (issue 27: srpo bench power)
-    "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 128},
-    "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 128},
+    # 32 of the 128 held-out problems per size: the main job's time budget (the whole split, 4x the
+    # episodes, took the job from ~7 to ~17 minutes); decisions use DECISION_EVAL instead
+    "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
+    "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
     "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2, "eval_limit": 32},
     # every one of the suite's 64 questions, 4 samples each: a smaller eval's noise hides RL's delta
     "quick-search": {"train": dict(_SEARCH_TRAIN), "eval_k": 4, "eval_limit": 64},
@@ -184,6 +184,13 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 #: the paired difference's variance on the column suites once every held-out problem is evaluated; the
 #: README has the power table). Suites not listed take :data:`COMPARE_DEFAULTS`.
 DECISION_SEEDS: dict[str, int] = {"quick-columns": 10, "quick-columns-routed": 10}
+#: ``--eval-k`` / ``--eval-limit`` defaults of ``srpo bench compare`` / ``ablation`` / ``power --suite S``:
+#: every held-out problem (128 per size) with k=4, the design ``srpo bench power`` sizes (the README's
+#: power table); suites not listed take their ``bench quick`` eval (:data:`QUICK_SETTINGS`).
+DECISION_EVAL: dict[str, dict[str, int]] = {
+    "quick-columns": {"eval_k": 4, "eval_limit": 128},
+    "quick-columns-routed": {"eval_k": 4, "eval_limit": 128},
+}
 
 #: Defaults of ``srpo bench compare`` / ``ablation`` that are not RL settings.
 COMPARE_DEFAULTS: dict[str, Any] = {

@@ -319,12 +319,16 @@ def test_tables_print_whole_when_stdout_is_not_a_terminal(capsys) -> None:  # no
     assert "[-0.5, +2.5]" in out and "undecided" in out and "decisions vs srpo" in out
 
 
-def test_main_job_suites_evaluate_the_whole_held_out_split() -> None:
-    """Issue 27: bench quick's records landed under "Partial runs" (32 of 128 problems per size); a suite
-    run as bench quick defines it now covers every held-out problem, so its records are full-suite ones."""
+def test_decision_runs_evaluate_the_whole_held_out_split_with_k_4() -> None:
+    """Issue 27: a comparison meant to decide evaluates every held-out problem with k >= 4 by default
+    (the design ``srpo bench power`` sizes); it fails if the decision eval falls back to bench quick's
+    32-problem, k=2 sample."""
+    from benchmarks import cli
     from benchmarks.evidence import suite_problems
-    from benchmarks.presets import QUICK_SETTINGS, QUICK_SUITES
+    from benchmarks.presets import DECISION_SEEDS
 
-    for suite in QUICK_SUITES:
-        if suite.startswith("quick-columns"):
-            assert QUICK_SETTINGS[suite]["eval_limit"] >= max(suite_problems(suite).values()), suite
+    for suite in DECISION_SEEDS:
+        k, limit = cli._eval_settings(suite, None, None)
+        assert k >= 4, suite
+        assert limit >= max(suite_problems(suite).values()), suite
+    assert cli._eval_settings("quick-columns", 2, 16) == (2, 16)  # options given beat the preset
