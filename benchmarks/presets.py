@@ -152,7 +152,7 @@ _SEARCH_TRAIN: dict[str, Any] = {**_COLUMNS_TRAIN, "iterations": 16, "lr": 1e-4}
 #: Per-suite RL settings, eval k and eval problems per dataset of ``bench quick``.
 QUICK_SETTINGS: dict[str, dict[str, Any]] = {
     # 32 of the 128 held-out problems per size: the main job's time budget (the whole split, 4x the
-    # episodes, took the job from ~7 to ~17 minutes); decisions use DECISION_EVAL instead
+    # episodes, took the job from ~10 to ~17 minutes on 2 cores); decisions use DECISION_EVAL instead
     "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
     "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
     "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2, "eval_limit": 32},
