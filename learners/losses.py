@@ -73,10 +73,10 @@ LOG_RATIO_CLAMP = 20.0
 Stats = dict[str, float]
 
 DENOMINATOR_UNITS = ("events", "members", "rows", "tokens")
-RATIO_LEVELS = ("token", "sequence", "event")
-"""Where a loss's importance ratio lives: per token (GRPO/PPO), per sequence (GSPO) or per event (SRPO)."""
 """What a loss averages over: events, members (every row), rows with at least one loss token, loss
 tokens. Gradient accumulation divides every micro-batch's sum by the *whole minibatch's* count."""
+RATIO_LEVELS = ("token", "sequence", "event")
+"""Where a loss's importance ratio lives: per token (GRPO/PPO), per sequence (GSPO) or per event (SRPO)."""
 
 
 # --------------------------------------------------------------------------------------------------
