@@ -14,7 +14,6 @@ when the episode ends.
 
 from __future__ import annotations
 
-import functools
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from pettingzoo import ParallelEnv
 
 from srpo_envs.events import Event, EventLog, stable_hash
 from srpo_envs.grading import extract_answer
-from srpo_envs.spaces import UnicodeText
+from srpo_envs.spaces import TextSpaces
 
 #: Longest action text consumed; longer outputs are truncated and flagged (a 1 MB string must not
 #: blow up observations, grading time or memory).
@@ -110,7 +109,7 @@ def clip_middle(text: str, max_chars: int) -> str:
     return text[:head] + marker + text[len(text) - (keep - head) :]
 
 
-class EventParallelEnv(ParallelEnv, ABC):
+class EventParallelEnv(TextSpaces, ParallelEnv, ABC):
     """Base class of srpo's text envs; see the module docstring for the contract."""
 
     metadata: dict[str, Any] = {
@@ -149,15 +148,6 @@ class EventParallelEnv(ParallelEnv, ABC):
         self.episode_id = ""
         self.task_id = ""
         self._last_outcome: dict[str, Any] = {}
-
-    # ------------------------------------------------------------------ spaces
-    @functools.cache  # noqa: B019 - PettingZoo's recommended pattern: same object per agent
-    def observation_space(self, agent: str) -> UnicodeText:
-        return UnicodeText(self.max_obs_chars)
-
-    @functools.cache  # noqa: B019
-    def action_space(self, agent: str) -> UnicodeText:
-        return UnicodeText(self.max_action_chars)
 
     # ------------------------------------------------------------------ hooks for subclasses
     @abstractmethod

@@ -12,15 +12,14 @@ raise ``ConnectionError``. The session is created on construction and deleted by
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from pettingzoo import ParallelEnv
 
-from srpo_envs.spaces import UnicodeText
+from srpo_envs.spaces import TextSpaces
 
 
-class RemoteEnv(ParallelEnv):
+class RemoteEnv(TextSpaces, ParallelEnv):
     """One server session as a ParallelEnv.
 
     Args:
@@ -72,15 +71,6 @@ class RemoteEnv(ParallelEnv):
         if resp.status_code >= 500:
             raise ConnectionError(f"{method} {url}: HTTP {resp.status_code} {_detail(resp)}")
         return resp.json()
-
-    # ------------------------------------------------------------------ spaces
-    @functools.cache  # noqa: B019 - PettingZoo's recommended pattern: same object per agent
-    def observation_space(self, agent: str) -> UnicodeText:
-        return UnicodeText(self.max_obs_chars)
-
-    @functools.cache  # noqa: B019
-    def action_space(self, agent: str) -> UnicodeText:
-        return UnicodeText(self.max_action_chars)
 
     # ------------------------------------------------------------------ API
     @property

@@ -8,6 +8,7 @@ accepts any string of allowed length without NUL bytes, the only character our e
 
 from __future__ import annotations
 
+import functools
 import string
 from typing import Any
 
@@ -38,3 +39,22 @@ class UnicodeText(Text):
 
     def __hash__(self) -> int:
         return hash(("UnicodeText", self.min_length, self.max_length))
+
+
+class TextSpaces:
+    """Per-agent :class:`UnicodeText` observation and action spaces of ``max_obs_chars`` /
+    ``max_action_chars`` characters, one object per agent (PettingZoo's recommended cached pattern).
+
+    A mixin listed before ``ParallelEnv``: the local envs (:class:`srpo_envs.base.EventParallelEnv`)
+    and their HTTP client (:class:`srpo_envs.remote.RemoteEnv`) declare the same spaces."""
+
+    max_obs_chars: int
+    max_action_chars: int
+
+    @functools.cache  # noqa: B019 - PettingZoo's recommended pattern: same object per agent
+    def observation_space(self, agent: str) -> UnicodeText:
+        return UnicodeText(self.max_obs_chars)
+
+    @functools.cache  # noqa: B019
+    def action_space(self, agent: str) -> UnicodeText:
+        return UnicodeText(self.max_action_chars)

@@ -70,6 +70,27 @@ def update_check_config(model: Any, out: Any, **overrides: Any) -> Any:
     return TrainConfig(**{**base, **overrides})
 
 
+def checkpoint_run_config(model: Any, out: Any, **overrides: Any) -> Any:
+    """A ``TrainConfig`` for checkpoint and resume tests: 2 iterations of one task x G=2 with 6 new
+    tokens, a checkpoint after every iteration, no evaluation, lr 5e-3 (the weights move), seed 7."""
+    from learners.trainer import TrainConfig
+
+    base: dict[str, Any] = dict(
+        model=str(model),
+        out_dir=str(out),
+        iterations=2,
+        tasks_per_iter=1,
+        group_size=2,
+        epochs=1,
+        max_new_tokens=6,
+        eval_every=0,
+        save_every=1,
+        lr=5e-3,
+        seed=7,
+    )
+    return TrainConfig(**{**base, **overrides})
+
+
 def g0_wins(rows: Sequence[Row]) -> None:
     """Sample g0 of each task wins (reward 1, the others 0, minus any format penalty), so every group
     has a non-zero advantage whatever the model generated."""

@@ -24,27 +24,10 @@ import torch
 
 from learners import checkpoint as ckpt
 from learners.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from learners.trainer import TrainConfig, Trainer, train
+from learners.trainer import Trainer, train
+from tests._builders import checkpoint_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _cfg(model: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(
-        model=str(model),
-        out_dir=str(out),
-        iterations=2,
-        tasks_per_iter=1,
-        group_size=2,
-        epochs=1,
-        max_new_tokens=6,
-        eval_every=0,
-        save_every=1,
-        lr=5e-3,
-        seed=7,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def _iterations(run: Path) -> list[int]:
@@ -230,7 +213,7 @@ def test_resume_after_a_kill_is_bit_identical_and_trims_metrics(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Killed after logging iteration 2 but before its checkpoint: resume replays 2 exactly."""
-    full = train(_cfg(tiny_model_dir, tmp_path / "full"), log=None)
+    full = train(checkpoint_run_config(tiny_model_dir, tmp_path / "full"), log=None)
 
     run = tmp_path / "killed"
     original = Trainer.save_checkpoint
@@ -242,14 +225,14 @@ def test_resume_after_a_kill_is_bit_identical_and_trims_metrics(
 
     monkeypatch.setattr(Trainer, "save_checkpoint", killed_at_2)
     with pytest.raises(_Killed):
-        train(_cfg(tiny_model_dir, run), log=None)
+        train(checkpoint_run_config(tiny_model_dir, run), log=None)
     monkeypatch.undo()
     assert _iterations(run) == [1, 2]
     with (run / "metrics.jsonl").open("a") as fh:
         fh.write('{"iteration": 3, "loss": 0.')  # a torn line too (killed mid-append)
 
     logs: list[str] = []
-    resumed = train(_cfg(tiny_model_dir, run), resume=True, log=logs.append)
+    resumed = train(checkpoint_run_config(tiny_model_dir, run), resume=True, log=logs.append)
     assert "resumed srpo from iteration 1" in logs
     assert _iterations(run) == [1, 2] == [h["iteration"] for h in resumed]
     drop = ("rollout_s", "update_s")
@@ -271,13 +254,13 @@ def test_pickle_checkpoint_in_the_run_dir_never_executes(tiny_model_dir: Path, t
     run.mkdir()
     torch.save({"iteration": 1, "models": Payload()}, run / "checkpoint.pt")
     with pytest.raises(CheckpointError, match=r"checkpoint\.pt is an old pickle checkpoint and is never loaded"):
-        train(_cfg(tiny_model_dir, run), resume=True, log=None)
+        train(checkpoint_run_config(tiny_model_dir, run), resume=True, log=None)
     assert not marker.exists()
     # beside a real checkpoint the pickle is ignored too
-    trainer = Trainer(_cfg(tiny_model_dir, run, iterations=1), log=None)
+    trainer = Trainer(checkpoint_run_config(tiny_model_dir, run, iterations=1), log=None)
     trainer.iteration = 1
     trainer.save_checkpoint()
-    history = train(_cfg(tiny_model_dir, run, iterations=1), resume=True, log=None)
+    history = train(checkpoint_run_config(tiny_model_dir, run, iterations=1), resume=True, log=None)
     assert history == [] and not marker.exists()
 
 
@@ -287,7 +270,7 @@ def test_resume_with_nothing_to_resume_from_is_an_error(tiny_model_dir: Path, tm
     (run / ".checkpoint.tmp-x1y2" / "tensors.safetensors").write_bytes(b"\x00" * 64)
     (run / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
     with pytest.raises(CheckpointError) as info:
-        train(_cfg(tiny_model_dir, run), resume=True, log=None)
+        train(checkpoint_run_config(tiny_model_dir, run), resume=True, log=None)
     msg = str(info.value)
     assert "\n" not in msg and "no checkpoint to resume from" in msg and "killed during its first" in msg
     assert _iterations(run) == [0, 1]  # nothing touched
@@ -295,26 +278,26 @@ def test_resume_with_nothing_to_resume_from_is_an_error(tiny_model_dir: Path, tm
 
 def test_corrupt_checkpoint_stops_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    train(_cfg(tiny_model_dir, run, iterations=1), log=None)
+    train(checkpoint_run_config(tiny_model_dir, run, iterations=1), log=None)
     with pytest.raises(ckpt.CheckpointConfigError, match=re.escape("differs in ['lr']")):
-        train(_cfg(tiny_model_dir, run, iterations=1, lr=1e-3), resume=True, log=None)
+        train(checkpoint_run_config(tiny_model_dir, run, iterations=1, lr=1e-3), resume=True, log=None)
     path = run / "checkpoint" / "tensors.safetensors"
     data = bytearray(path.read_bytes())
     data[-200:-104] = bytes(b ^ 0x5A for b in data[-200:-104])  # 96 bytes of weight data
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=re.escape(f"checkpoint file {path} is corrupt")):
-        train(_cfg(tiny_model_dir, run, iterations=1), resume=True, log=None)
+        train(checkpoint_run_config(tiny_model_dir, run, iterations=1), resume=True, log=None)
 
 
 def test_fresh_start_never_appends_to_stale_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i}) + "\n" for i in range(4)))
-    Trainer(_cfg(tiny_model_dir, run, iterations=1, save_every=0), log=None).train()
+    Trainer(checkpoint_run_config(tiny_model_dir, run, iterations=1, save_every=0), log=None).train()
     assert _iterations(run) == [1]
     # the module-level entry point also drops a stale checkpoint a later --resume would pick up
     save_checkpoint(run, {"iteration": 9})
-    train(_cfg(tiny_model_dir, run, iterations=1, save_every=0), log=None)
+    train(checkpoint_run_config(tiny_model_dir, run, iterations=1, save_every=0), log=None)
     assert _iterations(run) == [1] and ckpt.find_checkpoint(run) is None
 
 

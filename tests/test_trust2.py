@@ -22,28 +22,11 @@ from pathlib import Path
 import pytest
 
 from learners import checkpoint as ckpt
-from learners.trainer import TrainConfig, train
+from learners.trainer import train
 from srpo_cli.app import main
+from tests._builders import checkpoint_run_config
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
-
-
-def _cfg(model: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(
-        model=str(model),
-        out_dir=str(out),
-        iterations=2,
-        tasks_per_iter=1,
-        group_size=2,
-        epochs=1,
-        max_new_tokens=6,
-        eval_every=0,
-        save_every=1,
-        lr=5e-3,
-        seed=7,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def _srpo(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -257,7 +240,7 @@ def test_nonfinite_step_is_skipped_and_counted(tiny_model_dir: Path, tmp_path: P
         return (lp * float("nan") if calls["n"] == 1 else lp), ent, ref
 
     monkeypatch.setattr(trainer_mod.Trainer, "_policy_logprobs", nan_once)
-    history = train(_cfg(tiny_model_dir, tmp_path / "run", iterations=2, save_every=0), log=None)
+    history = train(checkpoint_run_config(tiny_model_dir, tmp_path / "run", iterations=2, save_every=0), log=None)
     assert [h["actor/nonfinite_steps"] for h in history] == [1.0, 0.0]
     model = trainer_mod.HFPolicy(str(tmp_path / "run" / "final")).model
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
@@ -305,12 +288,12 @@ def test_junk_resume_state_is_one_line_and_leaves_metrics_alone(
     tiny_model_dir: Path, tmp_path: Path, edit, says: str
 ) -> None:
     run = tmp_path / "run"
-    train(_cfg(tiny_model_dir, run, iterations=1), log=None)
+    train(checkpoint_run_config(tiny_model_dir, run, iterations=1), log=None)
     metrics = (run / "metrics.jsonl").read_text()
     assert metrics
     _edit_state(run, edit)
     with pytest.raises(ckpt.CheckpointError, match=r"^[^\n]*$") as info:
-        train(_cfg(tiny_model_dir, run, iterations=1), resume=True, log=None)
+        train(checkpoint_run_config(tiny_model_dir, run, iterations=1), resume=True, log=None)
     assert says in str(info.value)
     assert (run / "metrics.jsonl").read_text() == metrics  # nothing trimmed before the check
 
@@ -438,10 +421,10 @@ def test_json_depth_is_measured_without_recursion() -> None:
 def test_moved_run_directory_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
     """e4b4839: "checkpoint ... differs in ['out_dir']". The run directory is where, not what."""
     first, moved = tmp_path / "a", tmp_path / "b"
-    train(_cfg(tiny_model_dir, first, iterations=1), log=None)
+    train(checkpoint_run_config(tiny_model_dir, first, iterations=1), log=None)
     shutil.move(first, moved)
     logs: list[str] = []
-    resumed = train(_cfg(tiny_model_dir, moved, iterations=1), resume=True, log=logs.append)
+    resumed = train(checkpoint_run_config(tiny_model_dir, moved, iterations=1), resume=True, log=logs.append)
     assert "resumed srpo from iteration 1" in logs
     assert [h["iteration"] for h in resumed] == [1]
 
