@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.suites import QUICK_SEARCH_MAX_SEARCHERS, QUICK_SEARCH_MEMBER_COST, ROUTED_MEMBER_COST
+from benchmarks.suites import (
+    QUICK_COLUMNS_MAX_PROPOSERS,
+    QUICK_SEARCH_MAX_SEARCHERS,
+    QUICK_SEARCH_MEMBER_COST,
+    ROUTED_MEMBER_COST,
+)
 
 _CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
 #: Where ``srpo bench quick`` looks for shipped warm-started tiny models before building them.
@@ -22,6 +27,8 @@ BUNDLED_SEARCH_MODEL = _CHECKPOINTS / "mini-search-sft"
 #: The many-world search warm start (``--recipe search-worlds``): it reads, so quick-search starts from it.
 BUNDLED_SEARCH_WORLDS_MODEL = _CHECKPOINTS / "mini-search-worlds-sft"
 BUNDLED_COLUMNS_MODEL = _CHECKPOINTS / "mini-columns-sft"
+#: mini-columns-sft with a router that sends 1..5 proposers (``--recipe columns5``).
+BUNDLED_COLUMNS5_MODEL = _CHECKPOINTS / "mini-columns5-sft"
 #: The invented world quick-search's RL runs train in: one neither the warm start trained in (its worlds
 #: start at ``srpo_envs.tasks.knowledge_base.SFT_WORLD_SEED_BASE``) nor the suite evaluates in
 #: (``benchmarks.suites.QUICK_SEARCH_EVAL_KB_SEED``), so RL rewards reading, not recall (the README has
@@ -86,6 +93,19 @@ TRAINING_ENVS: dict[str, TrainingEnv] = {
         {"dataset": "procedural-columns", "difficulty": [2, 3], "member_cost": ROUTED_MEMBER_COST},
         BUNDLED_COLUMNS_MODEL,
         "columns",
+    ),
+    # the set-normalisation ablation's suite: the router sends 1..5 proposers, so K reaches the paper's 5
+    "quick-columns-routed5": TrainingEnv(
+        "ProcArith-v0",
+        "routed",
+        {
+            "dataset": "procedural-columns",
+            "difficulty": [2, 3],
+            "member_cost": ROUTED_MEMBER_COST,
+            "n_proposers": QUICK_COLUMNS_MAX_PROPOSERS,
+        },
+        BUNDLED_COLUMNS5_MODEL,
+        "columns5",
     ),
     # the paper's suites: train on MATH's training split (its held-out 5% is excluded, see
     # srpo_envs.tasks.math_data) and evaluate on the six benchmarks
@@ -155,6 +175,7 @@ QUICK_SETTINGS: dict[str, dict[str, Any]] = {
     # episodes, took the job from ~10 to ~17 minutes on 2 cores); decisions use DECISION_EVAL instead
     "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
     "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
+    "quick-columns-routed5": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
     "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2, "eval_limit": 32},
     # every one of the suite's 64 questions, 4 samples each: a smaller eval's noise hides RL's delta
     "quick-search": {"train": dict(_SEARCH_TRAIN), "eval_k": 4, "eval_limit": 64},
@@ -183,13 +204,14 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 #: seeds as ``srpo bench power --suite S`` says a decision at a few points needs (training seeds dominate
 #: the paired difference's variance on the column suites once every held-out problem is evaluated; the
 #: README has the power table). Suites not listed take :data:`COMPARE_DEFAULTS`.
-DECISION_SEEDS: dict[str, int] = {"quick-columns": 10, "quick-columns-routed": 10}
+DECISION_SEEDS: dict[str, int] = {"quick-columns": 10, "quick-columns-routed": 10, "quick-columns-routed5": 10}
 #: ``--eval-k`` / ``--eval-limit`` defaults of ``srpo bench compare`` / ``ablation`` / ``power --suite S``:
 #: every held-out problem (128 per size) with k=4, the design ``srpo bench power`` sizes (the README's
 #: power table); suites not listed take their ``bench quick`` eval (:data:`QUICK_SETTINGS`).
 DECISION_EVAL: dict[str, dict[str, int]] = {
     "quick-columns": {"eval_k": 4, "eval_limit": 128},
     "quick-columns-routed": {"eval_k": 4, "eval_limit": 128},
+    "quick-columns-routed5": {"eval_k": 4, "eval_limit": 128},
 }
 
 #: Defaults of ``srpo bench compare`` / ``ablation`` that are not RL settings.

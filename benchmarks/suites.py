@@ -464,6 +464,18 @@ register_suite(
         default_workflow="routed",
     )
 )
+#: Most proposers the quick-columns-routed5 router may send: the K up to 5 of the paper's ablation.
+QUICK_COLUMNS_MAX_PROPOSERS = 5
+
+register_suite(
+    Suite(
+        "quick-columns-routed5",
+        _columns_datasets({"member_cost": ROUTED_MEMBER_COST, "n_proposers": QUICK_COLUMNS_MAX_PROPOSERS}),
+        "quick-columns-routed with up to 5 proposers (K in 1..5 per propose event): the CPU-scale suite "
+        "of the paper's set-normalisation ablation, where sqrt, sum, mean and K=1 weigh events apart.",
+        default_workflow="routed",
+    )
+)
 #: The invented world quick-search evaluates in: never a training world of the warm start or of RL.
 QUICK_SEARCH_EVAL_KB_SEED = 1
 

@@ -55,6 +55,25 @@ RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
         {**_COLUMNS, "steps": 1200, "seed": 3},
         {**_COLUMNS, "steps": 500, "seed": 4, "carry_slip": 0.4},
     ),
+    # mini-columns-sft plus one routed pass with five teacher proposers: its router sends 1..5 (the
+    # paper's K up to 5; mini-columns-sft never saw a route above 3 and never sends one)
+    "columns5": (
+        {},
+        {"steps": 2000, "lr": 1e-3, "refine_steps": 0, "seed": 2},
+        {**_COLUMNS, "steps": 300, "seed": 3},
+        {**_COLUMNS, "steps": 1200, "seed": 3},
+        {**_COLUMNS, "steps": 500, "seed": 4, "carry_slip": 0.4},
+        {
+            **_COLUMNS,
+            "workflows": ("routed",),
+            "n_proposers": 5,
+            "steps": 300,
+            "lr": 3e-4,
+            "seed": 5,
+            "carry_slip": 0.4,
+            "save_dtype": "bfloat16",
+        },
+    ),
     "search": ({"domain": "search"},),
     "search-worlds": (
         {**_SEARCH, "steps": 2500},

@@ -77,6 +77,8 @@ class SFTConfig:
     """math: procedural train tasks per difficulty (teacher episodes are spread over the workflows)."""
     workflows: tuple[str, ...] = ("proposers-aggregator", "solver-verifier", "routed")
     """math: the workflows the teacher team plays."""
+    n_proposers: int = 3
+    """math: proposers of the teacher team; its random router sends 1..n_proposers of them (routed)."""
     p_correct: float = 0.6
     """Probability that a scripted teacher proposer/searcher is right."""
     seed: int = 0
@@ -166,6 +168,7 @@ def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list
                 difficulty=difficulty,
                 max_operand=cfg.max_operand,
                 dataset_size=cfg.tasks_per_difficulty,
+                n_proposers=cfg.n_proposers,
             )
             team = ScriptedTeam.noisy_oracle(env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31))
             for i in range(cfg.tasks_per_difficulty // len(cfg.workflows)):

@@ -147,6 +147,7 @@ def test_shipped_checkpoints_record_their_recipe() -> None:
     for name, recipe in (
         ("mini-sft", "math"),
         ("mini-columns-sft", "columns"),
+        ("mini-columns5-sft", "columns5"),
         ("mini-search-sft", "search"),
         ("mini-search-worlds-sft", "search-worlds"),
     ):
