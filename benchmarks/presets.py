@@ -204,7 +204,11 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 #: seeds as ``srpo bench power --suite S`` says a decision at a few points needs (training seeds dominate
 #: the paired difference's variance on the column suites once every held-out problem is evaluated; the
 #: README has the power table). Suites not listed take :data:`COMPARE_DEFAULTS`.
-DECISION_SEEDS: dict[str, int] = {"quick-columns": 10, "quick-columns-routed": 10, "quick-columns-routed5": 10}
+DECISION_SEEDS: dict[str, int] = {
+    "quick-columns": 10,
+    "quick-columns-routed": 10,
+    "quick-columns-routed5": 10,
+}
 #: ``--eval-k`` / ``--eval-limit`` defaults of ``srpo bench compare`` / ``ablation`` / ``power --suite S``:
 #: every held-out problem (128 per size) with k=4, the design ``srpo bench power`` sizes (the README's
 #: power table); suites not listed take their ``bench quick`` eval (:data:`QUICK_SETTINGS`).

@@ -39,7 +39,15 @@ def test_the_shipped_router_sends_more_than_three() -> None:
 
     torch.manual_seed(0)
     policy = PolicyMap.shared(HFPolicy(str(TRAINING_ENVS[SUITE].bundled_model)))
-    res = evaluate(policy, SUITE, "routed", 2, sampling=SamplingParams(temperature=1.0, max_new_tokens=48),
-                   limit=8, seed=0, progress=False)
+    res = evaluate(
+        policy,
+        SUITE,
+        "routed",
+        2,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=48),
+        limit=8,
+        seed=0,
+        progress=False,
+    )
     hist = res.k_histogram().sum()
     assert int(hist[[k for k in hist.index if int(k) > 3]].sum()) > 0, hist
