@@ -103,11 +103,28 @@ def _sample_lines(result: EvalResult) -> list[dict[str, Any]]:
     return lines
 
 
-def suite_problems(suite: str | Suite) -> dict[str, int]:
-    """Problems per dataset of the *registered* suite of that name (the whole suite, not a selection)."""
+def suite_problems(suite: str | Suite, protocol: str | None = None) -> dict[str, int]:
+    """Problems per dataset of the *registered* suite of that name (the whole suite, not a selection),
+    or of its registered ``protocol`` (the first N problems of every dataset; ``KeyError`` if the suite
+    has no such protocol)."""
     name = suite if isinstance(suite, str) else suite.name
     full = SUITES[name] if name in SUITES else get_suite(suite)
-    return {ds.name: len(ds.load_tasks()) for ds in full.datasets}
+    whole = {ds.name: len(ds.load_tasks()) for ds in full.datasets}
+    if protocol is None:
+        return whole
+    if protocol not in full.protocols:
+        raise KeyError(f"suite {name!r} has no protocol {protocol!r} (it has {sorted(full.protocols)})")
+    return {d: min(n, full.protocols[protocol]) for d, n in whole.items()}
+
+
+def protocol_of(suite: str | Suite, problems: Mapping[str, int]) -> str | None:
+    """The registered protocol whose problem set ``problems`` (per dataset) is exactly, when the record
+    does not cover the whole suite; ``None`` for a whole-suite or partial record."""
+    name = suite if isinstance(suite, str) else suite.name
+    full = SUITES[name] if name in SUITES else get_suite(suite)
+    if dict(problems) == suite_problems(name):
+        return None
+    return next((p for p in sorted(full.protocols) if suite_problems(name, p) == dict(problems)), None)
 
 
 def record_evidence(results: Sequence[EvalResult], out_dir: str | Path) -> dict[str, Any]:
@@ -137,7 +154,12 @@ def record_evidence(results: Sequence[EvalResult], out_dir: str | Path) -> dict[
     metrics_std = {d: {m: std([p[d][m] for p in per_seed]) for m in names} for d in datasets}
     macro_std = {m: std([float(np.mean([p[d][m] for d in datasets])) for p in per_seed]) for m in names}
     problems = {d: int(results[0].table.loc[d, "n_problems"]) for d in datasets}
-    evidence = {**fields, "problems": problems, "suite_problems": suite_problems(results[0].suite)}
+    # a run of a suite's registered protocol (e.g. the main job's first 32 problems per dataset) is a
+    # full record of that protocol; any other subset is partial against the whole suite
+    protocol = protocol_of(results[0].suite, problems)
+    evidence = {**fields, "problems": problems, "suite_problems": suite_problems(results[0].suite, protocol)}
+    if protocol is not None:
+        evidence["protocol"] = protocol
     return {
         "seeds": seeds,
         "metrics": metrics,
@@ -170,8 +192,16 @@ class SuiteGrader:
             self._tasks[key] = self._dataset(suite, dataset).load_tasks()
         return self._tasks[key]
 
-    def suite_problems(self, suite: str) -> dict[str, int]:
-        return {ds.name: len(self._problems(suite, ds.name)) for ds in SUITES[suite].datasets}
+    def suite_problems(self, suite: str, protocol: str | None = None) -> dict[str, int]:
+        whole = {ds.name: len(self._problems(suite, ds.name)) for ds in SUITES[suite].datasets}
+        if protocol is None:
+            return whole
+        cap = SUITES[suite].protocols.get(protocol)
+        if cap is None:
+            raise KeyError(
+                f"suite {suite!r} has no protocol {protocol!r} (it has {sorted(SUITES[suite].protocols)})"
+            )
+        return {d: min(n, cap) for d, n in whole.items()}
 
     def check_dataset(self, suite: str, dataset: str, sha256: str, task_ids: Sequence[str]) -> list[str]:
         tasks = self._problems(suite, dataset)[: len(task_ids)]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.suites import (
+    BENCH_QUICK_PROBLEMS,
     QUICK_COLUMNS_MAX_PROPOSERS,
     QUICK_SEARCH_MAX_SEARCHERS,
     QUICK_SEARCH_MEMBER_COST,
@@ -171,12 +172,17 @@ _SEARCH_TRAIN: dict[str, Any] = {**_COLUMNS_TRAIN, "iterations": 16, "lr": 1e-4}
 
 #: Per-suite RL settings, eval k and eval problems per dataset of ``bench quick``.
 QUICK_SETTINGS: dict[str, dict[str, Any]] = {
-    # 32 of the 128 held-out problems per size: the main job's time budget (the whole split, 4x the
-    # episodes, took the job from ~10 to ~17 minutes on 2 cores); decisions use DECISION_EVAL instead
-    "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
-    "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
-    "quick-columns-routed5": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": 32},
-    "quick-math": {"train": {**QUICK_TRAIN, "iterations": 10}, "eval_k": 2, "eval_limit": 32},
+    # the suites' bench-quick protocol, 32 of the 128 held-out problems per size: the main job's time
+    # budget (the whole split, 4x the episodes, took the job from ~10 to ~17 minutes on 2 cores);
+    # decisions use DECISION_EVAL instead
+    "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": BENCH_QUICK_PROBLEMS},
+    "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": BENCH_QUICK_PROBLEMS},
+    "quick-columns-routed5": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": BENCH_QUICK_PROBLEMS},
+    "quick-math": {
+        "train": {**QUICK_TRAIN, "iterations": 10},
+        "eval_k": 2,
+        "eval_limit": BENCH_QUICK_PROBLEMS,
+    },
     # every one of the suite's 64 questions, 4 samples each: a smaller eval's noise hides RL's delta
     "quick-search": {"train": dict(_SEARCH_TRAIN), "eval_k": 4, "eval_limit": 64},
     "quick-search-routed": {"train": dict(_SEARCH_TRAIN), "eval_k": 4, "eval_limit": 64},

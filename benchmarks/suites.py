@@ -287,6 +287,9 @@ class Suite:
 
     ``default_k`` is the samples per problem a command uses when none is given: 16 for the paper's
     math suites (Avg@16 / Pass@16, as the paper reports them); ``None`` leaves it to the command.
+    ``protocols`` names fixed smaller problem sets of the suite (name -> the first N problems of every
+    dataset), such as :data:`BENCH_QUICK_PROTOCOL`, what the main job evaluates: a record of exactly
+    that set is a full record of the protocol (ranked with its like), not a partial run of the suite.
     """
 
     name: str
@@ -294,6 +297,7 @@ class Suite:
     description: str = ""
     default_workflow: str = "proposers-aggregator"
     default_k: int | None = None
+    protocols: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.datasets]
@@ -301,6 +305,9 @@ class Suite:
             raise ValueError(f"suite {self.name!r} has no datasets")
         if len(set(names)) != len(names):
             raise ValueError(f"suite {self.name!r} has duplicate dataset names: {names}")
+        bad = {p: n for p, n in self.protocols.items() if not (isinstance(n, int) and n >= 1)}
+        if bad:
+            raise ValueError(f"suite {self.name!r}: a protocol's problems per dataset must be >= 1: {bad}")
 
     @property
     def dataset_names(self) -> tuple[str, ...]:
@@ -314,7 +321,7 @@ class Suite:
                 f"suite {self.name!r} has no datasets {unknown}; it has {list(self.dataset_names)}"
             )
         keep = tuple(d for d in self.datasets if d.name in set(names))
-        return Suite(self.name, keep, self.description, self.default_workflow, self.default_k)
+        return Suite(self.name, keep, self.description, self.default_workflow, self.default_k, self.protocols)
 
 
 SUITES: dict[str, Suite] = {}
@@ -407,6 +414,12 @@ register_suite(
         default_workflow="routed",
     )
 )
+#: The main job's protocol of a suite (``srpo bench quick``): the first :data:`BENCH_QUICK_PROBLEMS`
+#: problems of every dataset, what fits its time budget (decisions evaluate the whole split instead).
+BENCH_QUICK_PROTOCOL = "bench-quick"
+BENCH_QUICK_PROBLEMS = 32
+_BENCH_QUICK = {BENCH_QUICK_PROTOCOL: BENCH_QUICK_PROBLEMS}
+
 #: quick-math uses one-digit operands: hard enough to leave a ~1-2M-parameter model room, easy enough
 #: that it learns on CPU in minutes (difficulty 1 has 51 distinct test problems).
 QUICK_MATH_MAX_OPERAND = 9
@@ -427,6 +440,7 @@ register_suite(
             for d in (1, 2)
         ),
         "Procedural arithmetic test split (one-digit operands), difficulties 1 and 2 (<= 64 problems each).",
+        protocols=_BENCH_QUICK,
     )
 )
 
@@ -453,6 +467,7 @@ register_suite(
         _columns_datasets({}),
         "Column addition of two 2- and 3-digit numbers, test split (<= 128 problems each): held-out "
         "problems use the same one-digit facts as training ones, so a skill learned by RL carries over.",
+        protocols=_BENCH_QUICK,
     )
 )
 register_suite(
@@ -462,6 +477,7 @@ register_suite(
         "quick-columns with a router choosing 1..n proposers and a per-member cost: the CPU-scale suite "
         "where the set size K varies between events.",
         default_workflow="routed",
+        protocols=_BENCH_QUICK,
     )
 )
 #: Most proposers the quick-columns-routed5 router may send: the K up to 5 of the paper's ablation.
@@ -474,6 +490,7 @@ register_suite(
         "quick-columns-routed with up to 5 proposers (K in 1..5 per propose event): the CPU-scale suite "
         "of the paper's set-normalisation ablation, where sqrt, sum, mean and K=1 weigh events apart.",
         default_workflow="routed",
+        protocols=_BENCH_QUICK,
     )
 )
 #: The invented world quick-search evaluates in: never a training world of the warm start or of RL.

@@ -81,7 +81,10 @@ def _describe(record: LeaderboardRecord) -> str:
         return (
             f"PARTIAL: {sum(ev.problems.values())} of {sum(ev.suite_problems.values())} problems of the suite"
         )
-    return f"{ev.n_samples} samples checked"
+    protocol = (
+        "" if ev.protocol is None else f" (protocol {ev.protocol}: {sum(ev.problems.values())} problems)"
+    )
+    return f"{ev.n_samples} samples checked{protocol}"
 
 
 @app.command()

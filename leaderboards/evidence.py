@@ -87,8 +87,10 @@ class SampleGrader(Protocol):
     the real grader in, tests may pass a fake.
     """
 
-    def suite_problems(self, suite: str) -> Mapping[str, int]:
-        """Problems per dataset of the full registered suite; ``KeyError`` for an unknown suite."""
+    def suite_problems(self, suite: str, protocol: str | None = None) -> Mapping[str, int]:
+        """Problems per dataset of the full registered suite, or of its registered ``protocol`` (a fixed
+        problem set of the suite, such as the main job's); ``KeyError`` for an unknown suite or protocol.
+        Called without ``protocol`` for whole-suite records, so graders written before protocols work."""
         ...
 
     def check_dataset(self, suite: str, dataset: str, sha256: str, task_ids: Sequence[str]) -> list[str]:
@@ -406,14 +408,18 @@ def _grader_errors(
     costed = _costed(header)
     charged = getattr(grader, "member_cost", None)  # graders written before it: the header decides
     errors = []
+    what = "suite" if ev.protocol is None else f"protocol {ev.protocol!r} of suite"
     try:
-        suite = dict(grader.suite_problems(record.suite))
+        if ev.protocol is None:
+            suite = dict(grader.suite_problems(record.suite))
+        else:
+            suite = dict(grader.suite_problems(record.suite, ev.protocol))
     except KeyError as exc:
-        return [f"suite {record.suite!r} is not registered: {exc.args[0] if exc.args else exc}"]
+        return [f"{what} {record.suite!r} is not registered: {exc.args[0] if exc.args else exc}"]
     if suite != ev.suite_problems:
         errors.append(
             f"evidence.suite_problems {dict(sorted(ev.suite_problems.items()))} is not the registered "
-            f"suite's {dict(sorted(suite.items()))}"
+            f"{what} {record.suite!r}: {dict(sorted(suite.items()))}"
         )
     for ds in sorted(ev.problems):
         if ds not in suite:

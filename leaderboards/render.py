@@ -98,7 +98,9 @@ def interval_ranks(values: Sequence[tuple[float | None, float]]) -> list[int | N
 @dataclass(frozen=True)
 class SuiteTable:
     """A suite's table in display order; ``rows`` hold the full-suite records sorted by ``macro``
-    descending with their ``ranks``; ``partial`` the partial records, ranked among themselves."""
+    descending with their ``ranks``; ``protocols`` the full records of each registered protocol of the
+    suite (a fixed smaller problem set, such as the main job's), ``(name, rows, ranks)`` ranked among
+    themselves; ``partial`` the partial records, ranked among themselves."""
 
     suite: str
     metric: str
@@ -107,6 +109,7 @@ class SuiteTable:
     ranks: list[int | None] = field(default_factory=list)
     partial: list[LeaderboardRecord] = field(default_factory=list)
     partial_ranks: list[int | None] = field(default_factory=list)
+    protocols: list[tuple[str, list[LeaderboardRecord], list[int | None]]] = field(default_factory=list)
 
 
 def _sort_key(metric: str):
@@ -133,10 +136,24 @@ def suite_tables(records: Iterable[LeaderboardRecord], metric: str | None = None
         recs = by_suite[suite]
         chosen = metric if metric is not None else choose_metric(recs)
         datasets = sorted({ds for rec in recs for ds in rec.metrics})
-        rows, ranks = _ranked([r for r in recs if not r.partial], chosen)
+        rows, ranks = _ranked([r for r in recs if not r.partial and _protocol(r) is None], chosen)
         partial, partial_ranks = _ranked([r for r in recs if r.partial], chosen)
-        tables.append(SuiteTable(suite, chosen, datasets, rows, ranks, partial, partial_ranks))
+        names = sorted({p for r in recs if not r.partial and (p := _protocol(r)) is not None})
+        protocols = [
+            (p, *_ranked([r for r in recs if not r.partial and _protocol(r) == p], chosen)) for p in names
+        ]
+        tables.append(SuiteTable(suite, chosen, datasets, rows, ranks, partial, partial_ranks, protocols))
     return tables
+
+
+def _protocol(rec: LeaderboardRecord) -> str | None:
+    return rec.evidence.protocol if rec.evidence is not None else None
+
+
+def _protocol_title(name: str, rows: list[LeaderboardRecord]) -> str:
+    per = sorted({n for r in rows if r.evidence is not None for n in r.evidence.suite_problems.values()})
+    size = f"the first {per[0]} problems of each dataset" if len(per) == 1 else "a fixed problem set"
+    return f"Protocol {name} ({size}; ranked apart from the whole suite)"
 
 
 def _fmt(metric: str, value: float | None) -> str:
@@ -181,7 +198,8 @@ def _coverage(rec: LeaderboardRecord) -> str:
     ev = rec.evidence
     if ev is None:
         return ""
-    return f"{sum(ev.problems.values())}/{sum(ev.suite_problems.values())} problems"
+    covered = f"{sum(ev.problems.values())}/{sum(ev.suite_problems.values())} problems"
+    return covered if ev.protocol is None else f"{covered} of protocol {ev.protocol}"
 
 
 def _md_text(text: str) -> str:
@@ -274,7 +292,10 @@ def render_markdown(
         rule = (
             "|" + "|".join(["---:"] + [":---"] * 4 + ["---:"] * (len(tab.datasets) + 3) + [":---"] * 3) + "|"
         )
-        groups = [(tab.rows, tab.ranks, None)]
+        groups: list[tuple[list[LeaderboardRecord], list[int | None], str | None]] = []
+        if tab.rows or not tab.protocols:
+            groups.append((tab.rows, tab.ranks, None))
+        groups += [(rows, ranks, _protocol_title(name, rows)) for name, rows, ranks in tab.protocols]
         if tab.partial:
             groups.append(
                 (tab.partial, tab.partial_ranks, "Partial runs (not the whole suite; ranked apart)")
@@ -289,7 +310,10 @@ def render_markdown(
         dec = (decisions or {}).get(tab.suite) or []
         if dec:
             lines += ["### Decisions", "", _decision_note(dec), ""]
-            lines += ["| " + " | ".join(_DECISION_HEAD) + " |", "|" + "|".join([":---"] * 2 + ["---:"] * 3 + [":---"] + ["---:"] * 2) + "|"]
+            lines += [
+                "| " + " | ".join(_DECISION_HEAD) + " |",
+                "|" + "|".join([":---"] * 2 + ["---:"] * 3 + [":---"] + ["---:"] * 2) + "|",
+            ]
             lines += ["| " + " | ".join(_md_text(c) for c in _decision_cells(r)) + " |" for r in dec] + [""]
     return "\n".join(lines)
 
@@ -573,6 +597,11 @@ def render_html(
             if tab.rows
             else "<p>No full-suite records.</p>",
         ]
+        for name, rows, ranks in tab.protocols:
+            parts += [
+                f"<h3>{_e(_protocol_title(name, rows))}</h3>",
+                _html_table(tab, rows, ranks, f"protocol-{name}", status),
+            ]
         if tab.partial:
             parts += [
                 "<h3>Partial runs</h3>",

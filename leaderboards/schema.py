@@ -84,6 +84,7 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _GIT_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}|unknown")
 _SUITE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _DATASET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]{0,127}")
+_PROTOCOL_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 _METRIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_@.+-]{0,63}")
 _FRACTION_RE = re.compile(r"(?:(?:avg|pass|maj)@\d+|acc|accuracy|exact_match|em|f1)")
 _AT_K_RE = re.compile(r"(?:avg|pass|maj)@[1-9]\d{0,5}")
@@ -188,6 +189,7 @@ SuiteName = Annotated[str, AfterValidator(_pattern_check(_SUITE_RE, "suite name"
 DatasetName = Annotated[str, AfterValidator(_pattern_check(_DATASET_RE, "dataset name"))]
 MetricName = Annotated[str, AfterValidator(_pattern_check(_METRIC_RE, "metric name"))]
 Text = Annotated[str, AfterValidator(_check_text)]
+ProtocolName = Annotated[str, AfterValidator(_pattern_check(_PROTOCOL_RE, "protocol name"))]
 IsoDate = Annotated[str, AfterValidator(_check_date)]
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
@@ -225,8 +227,11 @@ class Evidence(BaseModel):
     :mod:`leaderboards.evidence`), and how much of the suite it covers.
 
     ``problems`` counts the problems evaluated per dataset; ``suite_problems`` the problems of every
-    dataset of the full suite. A record that leaves out a dataset or problems is *partial*: it is
-    ranked apart, since Avg@k over the first problem says little about the suite.
+    dataset of the suite as run: the whole suite, or, with ``protocol``, the fixed problem set that the
+    suite's registered protocol of that name defines (e.g. ``bench-quick``: the first 32 problems of
+    each dataset, what the main job evaluates). A record that leaves out a dataset or problems of
+    that set is *partial*: it is ranked apart, since Avg@k over the first problem says little about
+    the suite. Records of a protocol are ranked among themselves (other problems than the whole suite).
     """
 
     model_config = _STRICT
@@ -236,6 +241,7 @@ class Evidence(BaseModel):
     samples_bytes: int
     problems: dict[DatasetName, int]
     suite_problems: dict[DatasetName, int]
+    protocol: ProtocolName | None = None
 
     @model_validator(mode="after")
     def _sizes(self) -> Evidence:
@@ -488,12 +494,19 @@ def compute_record_hash(record: RecordContent | Mapping[str, Any]) -> str:
     if isinstance(record, Mapping):
         content = {k: v for k, v in record.items() if k not in _UNHASHED}
         record = RecordContent.model_validate(content)
-    data = record.model_dump(mode="json", exclude=set(_UNHASHED))
-    # optional fields added later are left out when unset, so older records keep their hash
+    data = _drop_unset(record.model_dump(mode="json", exclude=set(_UNHASHED)))
+    return sha256_bytes(canonical_json(data).encode("utf-8"))
+
+
+def _drop_unset(data: dict[str, Any]) -> dict[str, Any]:
+    """Optional fields added later are left out when unset, so older records keep their hash and their
+    files round-trip (``evidence.protocol`` inside the evidence)."""
     for key in _OPTIONAL_HASHED:
         if data.get(key) is None:
             data.pop(key, None)
-    return sha256_bytes(canonical_json(data).encode("utf-8"))
+    if isinstance(data.get("evidence"), dict) and data["evidence"].get("protocol") is None:
+        data["evidence"].pop("protocol", None)
+    return data
 
 
 def _format_errors(exc: ValidationError) -> list[str]:
@@ -639,10 +652,9 @@ def dump_record_json(record: LeaderboardRecord) -> str:
 
 def record_dict(record: LeaderboardRecord) -> dict[str, Any]:
     """The record as JSON data, optional fields left out when unset (so older files round-trip)."""
-    data = record.model_dump(mode="json")
-    for key in (*_OPTIONAL_HASHED, "signature"):
-        if data.get(key) is None:
-            data.pop(key, None)
+    data = _drop_unset(record.model_dump(mode="json"))
+    if data.get("signature") is None:
+        data.pop("signature", None)
     return data
 
 

@@ -174,7 +174,7 @@ def test_false_full_coverage_claim_is_rejected(genuine) -> None:
     forged = _rewrite(path, data)
     assert not load_record(forged).partial
     res = _validate(str(forged))
-    assert res.exit_code == 1 and "is not the registered suite's" in res.stderr
+    assert res.exit_code == 1 and "is not the registered suite 'quick-math'" in res.stderr
 
 
 def test_wrong_dataset_hash_is_rejected(genuine) -> None:
