@@ -107,24 +107,14 @@ def suite_problems(suite: str | Suite, protocol: str | None = None) -> dict[str,
     """Problems per dataset of the *registered* suite of that name (the whole suite, not a selection),
     or of its registered ``protocol`` (the first N problems of every dataset; ``KeyError`` if the suite
     has no such protocol)."""
-    name = suite if isinstance(suite, str) else suite.name
-    full = SUITES[name] if name in SUITES else get_suite(suite)
+    full = _registered(suite)
     whole = {ds.name: len(ds.load_tasks()) for ds in full.datasets}
-    if protocol is None:
-        return whole
-    if protocol not in full.protocols:
-        raise KeyError(f"suite {name!r} has no protocol {protocol!r} (it has {sorted(full.protocols)})")
-    return {d: min(n, full.protocols[protocol]) for d, n in whole.items()}
+    return whole if protocol is None else full.protocol_problems(protocol, whole)
 
 
-def protocol_of(suite: str | Suite, problems: Mapping[str, int]) -> str | None:
-    """The registered protocol whose problem set ``problems`` (per dataset) is exactly, when the record
-    does not cover the whole suite; ``None`` for a whole-suite or partial record."""
+def _registered(suite: str | Suite) -> Suite:
     name = suite if isinstance(suite, str) else suite.name
-    full = SUITES[name] if name in SUITES else get_suite(suite)
-    if dict(problems) == suite_problems(name):
-        return None
-    return next((p for p in sorted(full.protocols) if suite_problems(name, p) == dict(problems)), None)
+    return SUITES[name] if name in SUITES else get_suite(suite)
 
 
 def record_evidence(results: Sequence[EvalResult], out_dir: str | Path) -> dict[str, Any]:
@@ -156,10 +146,12 @@ def record_evidence(results: Sequence[EvalResult], out_dir: str | Path) -> dict[
     problems = {d: int(results[0].table.loc[d, "n_problems"]) for d in datasets}
     # a run of a suite's registered protocol (e.g. the main job's first 32 problems per dataset) is a
     # full record of that protocol; any other subset is partial against the whole suite
-    protocol = protocol_of(results[0].suite, problems)
-    evidence = {**fields, "problems": problems, "suite_problems": suite_problems(results[0].suite, protocol)}
+    suite = _registered(results[0].suite)
+    whole = suite_problems(suite)
+    protocol = suite.protocol_of(problems, whole)
+    evidence = {**fields, "problems": problems, "suite_problems": whole}
     if protocol is not None:
-        evidence["protocol"] = protocol
+        evidence.update(protocol=protocol, suite_problems=suite.protocol_problems(protocol, whole))
     return {
         "seeds": seeds,
         "metrics": metrics,
@@ -194,14 +186,7 @@ class SuiteGrader:
 
     def suite_problems(self, suite: str, protocol: str | None = None) -> dict[str, int]:
         whole = {ds.name: len(self._problems(suite, ds.name)) for ds in SUITES[suite].datasets}
-        if protocol is None:
-            return whole
-        cap = SUITES[suite].protocols.get(protocol)
-        if cap is None:
-            raise KeyError(
-                f"suite {suite!r} has no protocol {protocol!r} (it has {sorted(SUITES[suite].protocols)})"
-            )
-        return {d: min(n, cap) for d, n in whole.items()}
+        return whole if protocol is None else SUITES[suite].protocol_problems(protocol, whole)
 
     def check_dataset(self, suite: str, dataset: str, sha256: str, task_ids: Sequence[str]) -> list[str]:
         tasks = self._problems(suite, dataset)[: len(task_ids)]

@@ -313,6 +313,24 @@ class Suite:
     def dataset_names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.datasets)
 
+    def protocol_problems(self, protocol: str, whole: Mapping[str, int]) -> dict[str, int]:
+        """Problems per dataset of ``protocol``, given the whole suite's (``whole``); ``KeyError`` if the
+        suite has no such protocol."""
+        if protocol not in self.protocols:
+            raise KeyError(
+                f"suite {self.name!r} has no protocol {protocol!r} (it has {sorted(self.protocols)})"
+            )
+        return {d: min(n, self.protocols[protocol]) for d, n in whole.items()}
+
+    def protocol_of(self, problems: Mapping[str, int], whole: Mapping[str, int]) -> str | None:
+        """The protocol whose problem set ``problems`` (per dataset) is exactly; ``None`` for a
+        whole-suite record (``problems == whole``) or a partial one."""
+        if dict(problems) == dict(whole):
+            return None
+        return next(
+            (p for p in sorted(self.protocols) if self.protocol_problems(p, whole) == dict(problems)), None
+        )
+
     def select(self, names: Sequence[str]) -> Suite:
         """The same suite restricted to ``names`` (in suite order); unknown names are an error."""
         unknown = sorted(set(names) - set(self.dataset_names))

@@ -136,12 +136,13 @@ def suite_tables(records: Iterable[LeaderboardRecord], metric: str | None = None
         recs = by_suite[suite]
         chosen = metric if metric is not None else choose_metric(recs)
         datasets = sorted({ds for rec in recs for ds in rec.metrics})
-        rows, ranks = _ranked([r for r in recs if not r.partial and _protocol(r) is None], chosen)
+        full: dict[str | None, list[LeaderboardRecord]] = {}
+        for r in recs:
+            if not r.partial:
+                full.setdefault(_protocol(r), []).append(r)
+        rows, ranks = _ranked(full.pop(None, []), chosen)
         partial, partial_ranks = _ranked([r for r in recs if r.partial], chosen)
-        names = sorted({p for r in recs if not r.partial and (p := _protocol(r)) is not None})
-        protocols = [
-            (p, *_ranked([r for r in recs if not r.partial and _protocol(r) == p], chosen)) for p in names
-        ]
+        protocols = [(p, *_ranked(full[p], chosen)) for p in sorted(full)]
         tables.append(SuiteTable(suite, chosen, datasets, rows, ranks, partial, partial_ranks, protocols))
     return tables
 

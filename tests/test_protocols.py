@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from test_benchmarks_evaluate import SAMPLING, ArithPolicy
+from test_benchmarks_evaluate import ArithPolicy
+from test_eval_evidence import _run as run_quick_math
 from typer.testing import CliRunner
 
-from agents.policy import PolicyMap
-from benchmarks.evaluate import EvalResult, evaluate
+from benchmarks.evaluate import EvalResult
 from benchmarks.suites import BENCH_QUICK_PROBLEMS, BENCH_QUICK_PROTOCOL
 from leaderboards.render import render_html, render_markdown
 from leaderboards.schema import compute_record_hash, dump_record_json, load_record, make_record, record_dict
@@ -21,17 +21,7 @@ from srpo_cli.app import app
 
 
 def _run(limit: int, seed: int = 0) -> EvalResult:
-    return evaluate(
-        PolicyMap.shared(ArithPolicy(p=0.5)),
-        "quick-math",
-        "proposers-aggregator",
-        k=1,
-        sampling=SAMPLING,
-        progress=False,
-        limit=limit,
-        chunk_size=32,
-        seed=seed,
-    )
+    return run_quick_math(ArithPolicy(p=0.5), k=1, limit=limit, chunk_size=32, seed=seed)
 
 
 def _record(out: Path, limit: int, name: str = "scripted") -> Path:
