@@ -41,7 +41,7 @@ from typing import Any
 
 from agents.policy import PolicyMap, SamplingParams
 from agents.prompts import RolePrompts
-from agents.rollout import RolloutBatch, RolloutCollector
+from agents.rollout import RolloutBatch, RolloutCollector, merge_batches
 from srpo_common.signals import preserve_fatal_signal_handlers
 
 __all__ = [
@@ -116,18 +116,6 @@ def split_tasks(task_indices: Sequence[int], n: int) -> list[list[int]]:
     return chunks
 
 
-def merge_batches(batches: Sequence[RolloutBatch]) -> RolloutBatch:
-    """Concatenate rollout batches in the given order (rows, episodes and events)."""
-    events: dict[str, list[Any]] = {}
-    for b in batches:
-        events.update(b.events)
-    return RolloutBatch(
-        rows=list(itertools.chain.from_iterable(b.rows for b in batches)),
-        episodes=list(itertools.chain.from_iterable(b.episodes for b in batches)),
-        events=events,
-    )
-
-
 def distinct_models(policies: PolicyMap) -> list[Any]:
     """One policy per distinct model object, in a fixed order (LoRA views of one base count once).
 
@@ -195,9 +183,7 @@ class HFPolicyFactory:
         if self.sharing == "per-role":
             return PolicyMap.per_role({role: make() for role in self.roles})
         if self.sharing == "lora":
-            return lora_policy_map(
-                make(), self.roles, lora_config=default_lora_config(r=self.lora_rank)
-            )
+            return lora_policy_map(make(), self.roles, lora_config=default_lora_config(r=self.lora_rank))
         raise ValueError(f"unknown sharing {self.sharing!r}")
 
 
@@ -407,13 +393,17 @@ class RolloutWorkerPool:
             for i in sorted({pending[n][0] for n in failed}):
                 recovered += 1
                 if recovered > self.max_recoveries:
-                    reasons = "; ".join(f"{type(e).__name__}: {str(e).splitlines()[0]}" for e in failed.values())
+                    reasons = "; ".join(
+                        f"{type(e).__name__}: {str(e).splitlines()[0]}" for e in failed.values()
+                    )
                     raise RuntimeError(
                         f"rollout workers failed {recovered} times in one call (max_recoveries="
                         f"{self.max_recoveries}); last: {reasons}"
                     )
                 hung = any(
-                    isinstance(failed[n], ray.exceptions.GetTimeoutError) for n in failed if pending[n][0] == i
+                    isinstance(failed[n], ray.exceptions.GetTimeoutError)
+                    for n in failed
+                    if pending[n][0] == i
                 )
                 self._recover(i, hung)
         return [results[n] for n in range(len(calls))]
@@ -447,7 +437,9 @@ class RolloutWorkerPool:
     ) -> None:
         """Build a collector for ``env_fn`` under ``key`` on every worker (and on any later replacement)."""
         self._envs[key] = (env_fn, sampling, prompts)
-        self.run([(i, lambda w: w.add_env.remote(key, env_fn, sampling, prompts)) for i in range(self.num_workers)])
+        self.run(
+            [(i, lambda w: w.add_env.remote(key, env_fn, sampling, prompts)) for i in range(self.num_workers)]
+        )
 
     def load_weights(self, states: Mapping[str, Mapping[str, Any]], versions: Sequence[int] | None) -> None:
         """Broadcast new weights: one ``ray.put``, every actor loads from the object store (the ref is

@@ -13,6 +13,7 @@ a collection is reproducible whatever the batch composition.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -51,6 +52,19 @@ class RolloutBatch:
     @property
     def mean_reward(self) -> float:
         return sum(e.reward for e in self.episodes) / max(1, len(self.episodes))
+
+
+def merge_batches(batches: Sequence[RolloutBatch]) -> RolloutBatch:
+    """Concatenate rollout batches in the given order (rows, episodes and events): the shares of
+    several workers or ranks, or an iteration's several rollout batches."""
+    events: dict[str, list[Any]] = {}
+    for b in batches:
+        events.update(b.events)
+    return RolloutBatch(
+        rows=list(itertools.chain.from_iterable(b.rows for b in batches)),
+        episodes=list(itertools.chain.from_iterable(b.episodes for b in batches)),
+        events=events,
+    )
 
 
 def _request_seed(seed: int, episode_id: str, step: int, agent: str) -> int:

@@ -44,7 +44,7 @@ import torch
 from agents.hf import HFPolicy, adapter_scope, default_lora_config, lora_policy_map
 from agents.model_source import resolve_model
 from agents.policy import PolicyMap, SamplingParams
-from agents.rollout import RolloutBatch
+from agents.rollout import RolloutBatch, merge_batches
 from learners import checkpoint as ckpt
 from learners.advantages import ADV_SCALES, AdvantageConfig, AdvantageResult, get_adv_estimator
 from learners.algorithms import ALGORITHMS, Algorithm, get_algorithm  # noqa: F401 (re-exported)
@@ -62,6 +62,7 @@ from learners.batching import (
 from learners.critic import ValueCritic
 from learners.diagnostics import GradingMonitor, k_stats
 from learners.distributed import DP_ENGINES, all_reduce_sum, broadcast_object
+from learners.dynamic_sampling import FilterStats, informative_groups, select_groups
 from learners.losses import (
     AGG_MODES,
     EVENT_NORMS,
@@ -116,6 +117,12 @@ class TrainConfig:
     """distinct training tasks per iteration"""
     group_size: int = 4
     """rollouts per task (the G of group-relative advantages)"""
+    filter_groups: bool = False
+    """dynamic sampling (DAPO): drop a task's G rollouts when all their rewards are equal (no
+    group-relative signal) and roll out more of the iteration's tasks until tasks_per_iter groups remain"""
+    max_gen_batches: int = 3
+    """filter_groups: at most this many rollout batches of tasks_per_iter tasks per iteration (then the
+    update takes the groups it has)"""
     epochs: int = 2
     """passes over each rollout batch (more than one: off-policy updates, rho != 1)"""
     rows_per_batch: int = 64
@@ -302,10 +309,10 @@ class TrainConfig:
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:<i>, got {self.device!r}")
         sizes = (self.iterations, self.tasks_per_iter, self.group_size, self.epochs, self.rows_per_batch)
-        if min(*sizes, self.forward_rows, self.pack_len) < 1:
+        if min(*sizes, self.forward_rows, self.pack_len, self.max_gen_batches) < 1:
             raise ValueError(
-                "iterations, tasks_per_iter, group_size, epochs, rows_per_batch, forward_rows and pack_len "
-                "must be >= 1"
+                "iterations, tasks_per_iter, group_size, epochs, rows_per_batch, forward_rows, pack_len and "
+                "max_gen_batches must be >= 1"
             )
         for name in ("minibatches_per_iter", "max_tokens_per_microbatch"):
             value = getattr(self, name)
@@ -494,7 +501,9 @@ class Trainer:
         )
         try:
             shape = load_model_shape(self.model_path)
-        except ValueError as exc:  # a config the plan cannot read (not a decoder LM's keys): no plan, no refusal
+        except (
+            ValueError
+        ) as exc:  # a config the plan cannot read (not a decoder LM's keys): no plan, no refusal
             self.log(f"memory plan unavailable: {exc}")
             return
         total = torch.cuda.get_device_properties(self.device).total_memory
@@ -631,7 +640,12 @@ class Trainer:
             _train_mode(pol.model, cfg.gradient_checkpointing),
         ):
             lp, _, ent = packed_logprobs(
-                pol.model, [], [], cfg.temperature, with_entropy=cfg.entropy_coef > 0 and extras, packed=packed
+                pol.model,
+                [],
+                [],
+                cfg.temperature,
+                with_entropy=cfg.entropy_coef > 0 and extras,
+                packed=packed,
             )
         ref_lp = None
         if cfg.kl_coef > 0 and extras:
@@ -685,6 +699,47 @@ class Trainer:
             return self.cfg.rows_per_batch
         rows = sum(len(r) for r, ok in zip(table.event_rows, table.complete, strict=True) if ok)
         return max(1, math.ceil(rows / n))
+
+    def _rollouts(self, it: int) -> tuple[RolloutBatch, RolloutBatch, FilterStats | None]:
+        """Iteration ``it``'s rollouts: (every episode generated, the batch the update trains on, what
+        dynamic sampling did). Without ``filter_groups`` both batches are the one collected batch; with
+        it, batches of ``tasks_per_iter`` further tasks of the iteration's pool (drawn without
+        replacement) are rolled out until ``tasks_per_iter`` informative groups are kept or
+        ``max_gen_batches`` batches were generated."""
+        cfg = self.cfg
+        rng = np.random.default_rng(_iteration_seed(cfg.seed, it, 0))
+        if not cfg.filter_groups:
+            tasks = rng.choice(
+                self.n_train_tasks, size=min(cfg.tasks_per_iter, self.n_train_tasks), replace=False
+            )
+            batch = self.scale.collect(
+                self.collector,
+                sorted(int(t) for t in tasks),
+                cfg.group_size,
+                _iteration_seed(cfg.seed, it, 99),
+            )
+            return batch, batch, None
+        pool = rng.permutation(self.n_train_tasks)[: cfg.tasks_per_iter * cfg.max_gen_batches]
+        generated: list[RolloutBatch] = []
+        kept: list[RolloutBatch] = []
+        filtered = FilterStats()
+        for b in range(cfg.max_gen_batches):
+            tasks = pool[b * cfg.tasks_per_iter : (b + 1) * cfg.tasks_per_iter]
+            if len(tasks) == 0 or filtered.groups_kept >= cfg.tasks_per_iter:
+                break
+            batch = self.scale.collect(
+                self.collector,
+                sorted(int(t) for t in tasks),
+                cfg.group_size,
+                _iteration_seed(cfg.seed, it, 99 + b),
+            )
+            generated.append(batch)
+            groups = informative_groups(batch)[: cfg.tasks_per_iter - filtered.groups_kept]
+            kept.append(select_groups(batch, groups))
+            filtered.gen_batches += 1
+            filtered.groups_generated += len({r.group_id for r in batch.rows})
+            filtered.groups_kept += len(groups)
+        return merge_batches(generated), merge_batches(kept), filtered
 
     def _update(self, batch: RolloutBatch, iteration: int) -> dict[str, Any]:
         """Advantages once, then ``epochs`` x minibatches of (micro-batched) loss and one step each."""
@@ -833,9 +888,7 @@ class Trainer:
             total += float(vloss.detach()) * share
             for k, v in vstats.items():
                 stats[k] = stats.get(k, 0.0) + float(v) * share
-        critic_norm = float(
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm)
-        )
+        critic_norm = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm))
         if math.isfinite(total) and math.isfinite(critic_norm):
             self.critic_optimizer.step()
         else:  # as for the policy: a non-finite value loss never reaches the critic's weights
@@ -877,30 +930,23 @@ class Trainer:
         while self.iteration < cfg.iterations:
             it = self.iteration + 1
             t0 = time.perf_counter()
-            rng = np.random.default_rng(_iteration_seed(cfg.seed, it, 0))
-            tasks = rng.choice(
-                self.n_train_tasks, size=min(cfg.tasks_per_iter, self.n_train_tasks), replace=False
-            )
-            batch = self.scale.collect(
-                self.collector,
-                sorted(int(t) for t in tasks),
-                cfg.group_size,
-                _iteration_seed(cfg.seed, it, 99),
-            )
+            generated, batch, filtered = self._rollouts(it)
             t1 = time.perf_counter()
-            stats = self._update(batch, it)
+            stats = self._update(batch, it) if batch.rows else {}
             t2 = time.perf_counter()
-            rewards = np.array([e.reward for e in batch.episodes])
+            # what the policy did: every episode rolled out this iteration, kept for the update or not
+            rewards = np.array([e.reward for e in generated.episodes])
             record: dict[str, Any] = {
                 "iteration": it,
-                "train_accuracy": batch.accuracy,
+                "train_accuracy": generated.accuracy,
                 "reward_mean": float(rewards.mean()),
                 "reward_std": float(rewards.std()),
-                "mean_response_len": float(np.mean([len(r.response_ids) for r in batch.rows])),
-                "team_tokens": int(sum(e.team_tokens for e in batch.episodes)),
+                "mean_response_len": float(np.mean([len(r.response_ids) for r in generated.rows])),
+                "team_tokens": int(sum(e.team_tokens for e in generated.episodes)),
                 "rows": len(batch.rows),
                 "rollout_s": round(t1 - t0, 3),
                 "update_s": round(t2 - t1, 3),
+                **(filtered.metrics() if filtered is not None else {}),
                 **stats,
             }
             if cfg.eval_every and (it % cfg.eval_every == 0 or it == cfg.iterations):
