@@ -143,7 +143,8 @@ class ScriptedTeam:
           states without the evidence);
         * the aggregator answers with the gold answer when it appears in the retrieved text; otherwise,
           before the last turn, it asks for the next needed title seen in the text; on the last
-          turn it guesses a name from the text.
+          turn it guesses a name from the text;
+        * a router (routed workflow) sends 1..n_searchers searchers, uniformly at random.
 
         ``copy_spacing`` writes ``<search> X</search>`` and ``<answer> X</answer>``: a name then
         tokenizes as it does in the passages and questions it is copied from (byte-level BPE otherwise
@@ -186,7 +187,12 @@ class ScriptedTeam:
                 return f"<search>{pad}{needed(obs) or subject()}</search>"
             return f"<answer>{pad}{wrong_name(obs)}</answer>"
 
-        return cls({"searcher": search, "aggregator": aggregate})
+        def route_fn(agent: str, obs: str, info: Mapping[str, Any]) -> str:
+            # routed workflow: a team size drawn uniformly, so a routed warm start writes every route
+            # and RL, not the teacher, learns which questions deserve more searchers
+            return f"\\boxed{{{rng.randint(1, base.n_searchers)}}}"
+
+        return cls({"searcher": search, "aggregator": aggregate, "router": route_fn})
 
     @classmethod
     def search_random(cls, env: Any, seed: int = 0) -> ScriptedTeam:
@@ -251,11 +257,14 @@ def search_teacher_correct(env: Any, role: str, text: str) -> bool:
     """Whether a :meth:`ScriptedTeam.search_teacher` output (about to be stepped) is worth imitating.
 
     Searcher queries and aggregator search requests must name a gold passage's title; aggregator
-    answers must match a gold answer (SQuAD exact match).
+    answers must match a gold answer (SQuAD exact match); a router's route must be one the env accepts.
     """
+    from srpo_envs.base import parse_route
     from srpo_envs.qa_metrics import exact_match
 
     base = env.unwrapped
+    if role == "router":
+        return parse_route(text, base.n_searchers).valid
     answer = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
     if answer is not None:
         return role == "aggregator" and bool(exact_match(answer.group(1), list(base.task.answers)))

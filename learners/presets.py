@@ -80,4 +80,22 @@ RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
         {**_SEARCH, "steps": 2500, "seed": 1, "lr": 1.5e-3, "save_dtype": "bfloat16"},
         {**_SEARCH, "steps": 2500, "seed": 2, "lr": 1.5e-3, "save_dtype": "bfloat16"},
     ),
+    # mini-search-worlds-sft plus one routed pass with five teacher searchers: its router sends 1..5
+    # (the search-worlds teacher played the parallel workflow only, so that warm start never routes)
+    "search-worlds-routed": (
+        {**_SEARCH, "steps": 2500},
+        {**_SEARCH, "steps": 2500, "seed": 1, "lr": 1.5e-3, "save_dtype": "bfloat16"},
+        {**_SEARCH, "steps": 2500, "seed": 2, "lr": 1.5e-3, "save_dtype": "bfloat16"},
+        {
+            **_SEARCH,
+            "search_workflow": "routed",
+            "n_searchers": 5,
+            "search_episodes": 2000,
+            "steps": 400,
+            "lr": 3e-4,
+            "warmup": 20,
+            "seed": 3,
+            "save_dtype": "bfloat16",
+        },
+    ),
 }

@@ -98,6 +98,10 @@ class SFTConfig:
     """search: episodes of teacher play per pass (train questions, cycled)."""
     kb_seed: int = 0
     """search: seed of the invented knowledge base (the world played when kb_worlds is 0)."""
+    search_workflow: str = "parallel"
+    """search: the workflow the teacher team plays, parallel or routed (its router sends 1..n_searchers)."""
+    n_searchers: int = 2
+    """search: searchers of the teacher team (routed: the most its router sends)."""
     kb_worlds: int = 0
     """search: 0 plays every episode in the world kb_seed, so the model can memorise its facts; N > 0
     plays each episode in one of N invented training worlds (kb_seed SFT_WORLD_SEED_BASE + 0..N-1, drawn
@@ -127,6 +131,14 @@ class SFTConfig:
 
         if self.domain not in SFT_DOMAINS:
             raise ValueError(f"domain must be one of {SFT_DOMAINS}, got {self.domain!r}")
+        from srpo_envs.search import SEARCH_WORKFLOWS
+
+        if self.search_workflow not in SEARCH_WORKFLOWS:
+            raise ValueError(
+                f"search_workflow must be one of {SEARCH_WORKFLOWS}, got {self.search_workflow!r}"
+            )
+        if self.n_searchers < 1:
+            raise ValueError(f"n_searchers must be >= 1, got {self.n_searchers}")
         if self.dataset not in PROCEDURAL_FAMILIES:
             raise ValueError(f"dataset must be one of {PROCEDURAL_FAMILIES}, got {self.dataset!r}")
         if self.save_dtype not in ("float32", "bfloat16"):
@@ -244,7 +256,13 @@ def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int
     for i in range(cfg.search_episodes):
         world = worlds[0] if len(worlds) == 1 else rng.choice(worlds)
         if world not in envs:
-            env = MultiTurnSearchEnv(dataset="kb", split="train", kb_seed=world)
+            env = MultiTurnSearchEnv(
+                dataset="kb",
+                split="train",
+                kb_seed=world,
+                workflow=cfg.search_workflow,
+                n_searchers=cfg.n_searchers,
+            )
             team = ScriptedTeam.search_teacher(
                 env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31), copy_spacing=cfg.copy_spacing
             )

@@ -74,7 +74,9 @@ def test_length_groups_cut_sorted_draws_into_batches_of_similar_length() -> None
     examples = [([0] * n, [1], "searcher") for n in (5, 50, 7, 60, 9, 70, 11, 80) * 4]
     batches = _length_grouped(examples, 4, 3, torch.Generator().manual_seed(0))
     assert [len(b) for b in batches] == [4, 4, 4]
-    spans = sorted((min(len(examples[i][0]) for i in b), max(len(examples[i][0]) for i in b)) for b in batches)
+    spans = sorted(
+        (min(len(examples[i][0]) for i in b), max(len(examples[i][0]) for i in b)) for b in batches
+    )
     assert all(hi_a <= lo_b for (_, hi_a), (lo_b, _) in zip(spans, spans[1:], strict=False))
     with pytest.raises(ValueError, match="length_groups"):
         SFTConfig(length_groups=-1)
@@ -151,3 +153,22 @@ def test_subject_retrieved_tells_a_team_that_found_the_subject_from_one_that_did
                 obs, _, _, _, infos = env.step(team.act(obs, infos))
             first_hop = env.unwrapped.task.meta["gold_passage_ids"][0]
             assert subject_retrieved(env.unwrapped.events, first_hop) is expected
+
+
+def test_routed_teacher_examples_teach_every_route(tiny_model_dir) -> None:
+    """The routed search workflow's teacher writes a route per episode, 1..n_searchers uniformly: a
+    warm start built from it can send every team size (the parallel teacher wrote none, so the shipped
+    search warm start never routed and every route fell back to one searcher)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    cfg = SFTConfig(domain="search", search_workflow="routed", n_searchers=5, search_episodes=40, seed=2)
+    examples = build_search_examples(tok, cfg)
+    routes = [tok.decode(t) for _, t, role in examples if role == "router"]
+    assert len(routes) == 40
+    ks = {int(r.split("\\boxed{")[1].split("}")[0]) for r in routes}
+    assert ks == {1, 2, 3, 4, 5}
+    assert all("searchers (1 to 5)" in tok.decode(p) for p, _, role in examples if role == "router")
+    assert {role for _, _, role in examples} == {"router", "searcher", "aggregator"}
+    with pytest.raises(ValueError, match="search_workflow"):
+        SFTConfig(domain="search", search_workflow="proposers-aggregator")
