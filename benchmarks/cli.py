@@ -815,12 +815,7 @@ def _quick_suites(
     results: dict[str, Any] = {}
     for name in names:
         env = presets.TRAINING_ENVS[name]
-        given = {
-            "math": model,
-            "columns": columns_model,
-            "search": search_model,
-            "search-worlds": search_model,
-        }[env.recipe]
+        given = _given_warm_start(env.recipe, model, search_model, columns_model)
         warm = given or (
             env.bundled_model
             if (env.bundled_model / "config.json").exists()
@@ -844,6 +839,19 @@ def _quick_suites(
             reference,
         )
     return results
+
+
+def _given_warm_start(
+    recipe: str, model: Path | None, search_model: Path | None, columns_model: Path | None
+) -> Path | None:
+    """The ``bench quick`` option that names a suite's warm start, by its recipe's family: every search
+    recipe (search, search-worlds, search-worlds-routed) takes ``--search-model``, every column recipe
+    ``--columns-model``, the math recipe ``--model``."""
+    if recipe.startswith("search"):
+        return search_model
+    if recipe.startswith("columns"):
+        return columns_model
+    return model
 
 
 _QUICK_SETTING_KEYS = frozenset({"train", "eval_k", "eval_limit"})

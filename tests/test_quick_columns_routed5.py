@@ -51,3 +51,20 @@ def test_the_shipped_router_sends_more_than_three() -> None:
     )
     hist = res.k_histogram().sum()
     assert int(hist[[k for k in hist.index if int(k) > 3]].sum()) > 0, hist
+
+
+def test_bench_quick_finds_the_warm_start_option_of_every_suite() -> None:
+    """`srpo bench quick --suites quick-columns-routed5` looked its recipe up in a table of four recipe
+    names and died with KeyError: 'columns5'; every suite's recipe now maps to its family's option."""
+    from pathlib import Path
+
+    from benchmarks import presets
+    from benchmarks.cli import _given_warm_start
+
+    math, search, columns = Path("m"), Path("s"), Path("c")
+    expected = {"quick-columns-routed5": columns, "quick-search-routed": search, "quick-math": math}
+    for suite in presets.QUICK_SETTINGS:
+        family = presets.TRAINING_ENVS[suite].recipe
+        got = _given_warm_start(family, math, search, columns)
+        assert got == {"math": math, "search": search, "columns": columns}[family.split("-")[0].rstrip("5")]
+        assert got == expected.get(suite, got)
