@@ -9,8 +9,9 @@ Spaces          observation and action: :class:`srpo_envs.spaces.UnicodeText` (a
 Event types     ``search``, ``aggregate``; routed: ``route``
 Rewards         the team outcome at episode end (exact match, below), written to every event; minus
                 ``format_penalty`` for an event holding an invalid output
-Datasets        ``dataset="kb"`` (the procedural knowledge base, :mod:`srpo_envs.tasks.knowledge_base`),
-                a bundled QA set (``hotpotqa``, ...), a local file or a hub id
+Datasets        ``dataset="kb"`` (the procedural knowledge base, :mod:`srpo_envs.tasks.knowledge_base`;
+                ``kb_seed`` picks its invented world, a list of seeds pools several worlds' questions
+                over one corpus), a bundled QA set (``hotpotqa``, ...), a local file or a hub id
                 (:func:`srpo_envs.tasks.search_data.load_qa`)
 ==============  ======================================================================================
 
@@ -80,7 +81,7 @@ class MultiTurnSearchEnv(EventParallelEnv):
         format_penalty: float = 0.1,
         member_cost: float = 0.0,
         index: str | Path | None = None,
-        kb_seed: int = 0,
+        kb_seed: int | Sequence[int] = 0,
         render_mode: str | None = None,
     ) -> None:
         if workflow not in SEARCH_WORKFLOWS:
@@ -100,7 +101,9 @@ class MultiTurnSearchEnv(EventParallelEnv):
         self.tasks, default_corpus = _load_tasks(dataset, tasks, split, dataset_size, kb_seed)
         if index is not None:
             if retriever_url is not None or corpus is not None:
-                raise ValueError("index= names the corpus and backend; do not combine it with corpus/retriever_url")
+                raise ValueError(
+                    "index= names the corpus and backend; do not combine it with corpus/retriever_url"
+                )
             from srpo_envs.index_build import open_index
 
             self.retriever = open_index(index) if not isinstance(retriever, Retriever) else retriever
@@ -315,13 +318,28 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _load_tasks(
-    dataset: str, tasks: Sequence[Any] | None, split: str | None, size: int | None, kb_seed: int
+    dataset: str,
+    tasks: Sequence[Any] | None,
+    split: str | None,
+    size: int | None,
+    kb_seed: int | Sequence[int],
 ) -> tuple[list[Any], Any]:
-    """Tasks and the default corpus for them (the KB's own passages, or the bundled paragraphs)."""
+    """Tasks and the default corpus for them (the KB's own passages, or the bundled paragraphs).
+
+    Several ``kb_seed`` s pool their worlds: every world's questions (world by world, each in its
+    fixed order) over one corpus of all their passages. Passage and task ids carry their world
+    (``kb<seed>-...``), so evidence and gold ids never mix."""
     if dataset == "kb":
         from srpo_envs.tasks.knowledge_base import make_knowledge_base
 
-        passages, kb_tasks = make_knowledge_base(seed=kb_seed, split=split or "train")
+        seeds = [int(kb_seed)] if isinstance(kb_seed, int) else [int(s) for s in kb_seed]
+        if not seeds or len(set(seeds)) != len(seeds):
+            raise ValueError(f"kb_seed must be a world seed or distinct seeds, got {kb_seed!r}")
+        passages, kb_tasks = [], []
+        for seed in seeds:
+            world_passages, world_tasks = make_knowledge_base(seed=seed, split=split or "train")
+            passages += world_passages
+            kb_tasks += world_tasks
         chosen = list(tasks) if tasks is not None else kb_tasks
         return chosen[:size] if size else chosen, passages
     from srpo_envs.tasks.search_data import bundled_corpus_path, load_qa

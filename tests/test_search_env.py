@@ -66,3 +66,21 @@ def test_oracle_searchers_beat_random(env_id: str, n: int, oracle_min: float) ->
         scores[name] = correct / n
     assert scores["oracle"] >= oracle_min
     assert scores["random"] <= 0.05
+
+
+def test_several_kb_worlds_pool_their_questions_over_one_corpus() -> None:
+    """kb_seed=[3, 4]: both worlds' train questions, each answerable from its own world's passages in the
+    pooled corpus (an oracle team solves questions of either world); a repeated seed is refused."""
+    from srpo_envs.tasks.knowledge_base import make_knowledge_base
+
+    env = srpo_envs.make("MultiTurnSearch-v0", dataset="kb", kb_seed=[3, 4])
+    worlds = [make_knowledge_base(seed=s, split="train")[1] for s in (3, 4)]
+    assert [t.id for t in env.tasks] == [t.id for w in worlds for t in w]
+    oracle = ScriptedTeam.search_oracle(env)
+    for index in (0, 1, len(worlds[0]), len(worlds[0]) + 1):
+        _play(env, oracle, index)
+        assert env.outcome["correct"], env.task.id
+        world = env.task.meta["kb_seed"]
+        assert env.retrieved_ids and all(pid.startswith(f"kb{world}-") for pid in env.retrieved_ids)
+    with pytest.raises(ValueError, match="distinct"):
+        srpo_envs.make("MultiTurnSearch-v0", dataset="kb", kb_seed=[3, 3])
