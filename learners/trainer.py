@@ -3,7 +3,9 @@
 Per iteration:
 
 1. sample ``tasks_per_iter`` training tasks and roll out ``group_size`` episodes of each
-   (:class:`agents.rollout.RolloutCollector`; one batched generate per round);
+   (:class:`agents.rollout.RolloutCollector`; one batched generate per round); with ``filter_groups``
+   (DAPO's dynamic sampling, :mod:`learners.dynamic_sampling`) groups whose rewards are all equal are
+   dropped and further tasks rolled out until ``tasks_per_iter`` groups with a signal remain;
 2. build the batch's events once (:func:`learners.batching.build_event_table`: row -> event,
    event -> comparable group / episode, row -> role, the per-event reward terms) and compute one
    advantage per row with the estimator the algorithm names (:data:`learners.advantages.ADV_ESTIMATORS`;
