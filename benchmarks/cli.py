@@ -161,8 +161,10 @@ def eval_cmd(
     api: Annotated[str, typer.Option(help="openai: models: auto, chat or completions.")] = "auto",
     tokenizer: Annotated[
         Path | None,
-        typer.Option(help="openai: models: tokenise prompts here and send ids (exact prompt ids; token counts "
-                     "for servers that return none)."),
+        typer.Option(
+            help="openai: models: tokenise prompts here and send ids (exact prompt ids; token counts "
+            "for servers that return none)."
+        ),
     ] = None,
     max_concurrency: Annotated[int, typer.Option(min=1, help="openai: models: requests in flight.")] = 8,
     api_key_env: Annotated[
@@ -369,7 +371,9 @@ def _print_decisions(decisions: Any, title: str, console: Any = None) -> None:
     shown = format_decisions(decisions)
     table = Table(
         title=f"{title}: decisions vs {decisions.iloc[0]['reference']}",
-        caption=LEGEND.format(margin=100 * float(decisions.iloc[0]["margin"]), seeds=int(decisions["n_seeds"].max())),
+        caption=LEGEND.format(
+            margin=100 * float(decisions.iloc[0]["margin"]), seeds=int(decisions["n_seeds"].max())
+        ),
     )
     for col in shown.columns:
         table.add_column(str(col), justify="left" if col in ("variant", "vs", "verdict") else "right")
@@ -667,7 +671,10 @@ def report_cmd(
         raise typer.BadParameter(str(exc), param_hint="RUN_DIRS") from None
     typer.echo(pt.markdown())
     _print_decisions(decisions, pt.suite)
-    written = {**write_paper(pt, out or run_dirs[0], runs), **write_decisions(decisions, out or run_dirs[0], pt.suite)}
+    written = {
+        **write_paper(pt, out or run_dirs[0], runs),
+        **write_decisions(decisions, out or run_dirs[0], pt.suite),
+    }
     for kind, path in written.items():
         typer.echo(f"wrote {kind}: {path}")
 
@@ -748,8 +755,8 @@ def quick_cmd(
     ),
     search_model: Path | None = typer.Option(
         None,
-        help="search warm start of quick-search (default: the bundled mini-search-worlds-sft, else built "
-        "from scratch)",
+        help="search warm start of the search suites (default: the suite's bundled one, mini-search-worlds-sft "
+        "or, routed, mini-search-worlds-routed-sft; else built from scratch)",
     ),
     columns_model: Path | None = typer.Option(
         None, help="column-addition warm start (default: the bundled mini-columns-sft, else built)"
@@ -896,8 +903,12 @@ def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
         paths["decisions_csv"] = write_csv(pd.concat(frames, ignore_index=True), out / "decisions.csv")
         paths["decisions_md"] = atomic_write_text(
             out / "decisions.md",
-            "\n".join(decisions_markdown(f.drop(columns="suite"), name) for name, f in zip(
-                [n for n, r in results.items() if not r.decisions.empty], frames, strict=True)),
+            "\n".join(
+                decisions_markdown(f.drop(columns="suite"), name)
+                for name, f in zip(
+                    [n for n, r in results.items() if not r.decisions.empty], frames, strict=True
+                )
+            ),
         )
     curves = [res.curves.assign(suite=name) for name, res in results.items() if not res.curves.empty]
     heldout = [res.runs.assign(suite=name) for name, res in results.items() if not res.runs.empty]

@@ -27,6 +27,8 @@ BUNDLED_MODEL = _CHECKPOINTS / "mini-sft"
 BUNDLED_SEARCH_MODEL = _CHECKPOINTS / "mini-search-sft"
 #: The many-world search warm start (``--recipe search-worlds``): it reads, so quick-search starts from it.
 BUNDLED_SEARCH_WORLDS_MODEL = _CHECKPOINTS / "mini-search-worlds-sft"
+#: mini-search-worlds-sft with a router that sends 1..5 searchers (``--recipe search-worlds-routed``).
+BUNDLED_SEARCH_WORLDS_ROUTED_MODEL = _CHECKPOINTS / "mini-search-worlds-routed-sft"
 BUNDLED_COLUMNS_MODEL = _CHECKPOINTS / "mini-columns-sft"
 #: mini-columns-sft with a router that sends 1..5 proposers (``--recipe columns5``).
 BUNDLED_COLUMNS5_MODEL = _CHECKPOINTS / "mini-columns5-sft"
@@ -83,8 +85,8 @@ TRAINING_ENVS: dict[str, TrainingEnv] = {
             "n_searchers": QUICK_SEARCH_MAX_SEARCHERS,
             "member_cost": QUICK_SEARCH_MEMBER_COST,
         },
-        BUNDLED_SEARCH_WORLDS_MODEL,
-        "search-worlds",
+        BUNDLED_SEARCH_WORLDS_ROUTED_MODEL,
+        "search-worlds-routed",
     ),
     # the routed column suite: K varies per event (the router sends 1..3 proposers) and each member
     # costs ROUTED_MEMBER_COST of team reward, so the router has a reason to choose

@@ -38,8 +38,9 @@ def warm_start_command(
     """Rebuild a shipped warm start from scratch: init-tiny (mini) + its SFT recipe (25-70 min on 2 cores).
 
     ``--recipe math`` reproduces agents/checkpoints/mini-sft, ``--recipe columns`` mini-columns-sft,
-    ``--recipe search`` mini-search-sft, ``--recipe search-worlds`` mini-search-worlds-sft (the recipes:
-    ``learners.presets.RECIPES``).
+    ``--recipe search`` mini-search-sft, ``--recipe search-worlds`` mini-search-worlds-sft,
+    ``--recipe search-worlds-routed`` mini-search-worlds-routed-sft, ``--recipe columns5``
+    mini-columns5-sft (the recipes: ``learners.presets.RECIPES``).
     """
     if recipe not in RECIPES:
         raise typer.BadParameter(f"--recipe must be one of {', '.join(RECIPES)}")

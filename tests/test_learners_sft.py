@@ -150,6 +150,7 @@ def test_shipped_checkpoints_record_their_recipe() -> None:
         ("mini-columns5-sft", "columns5"),
         ("mini-search-sft", "search"),
         ("mini-search-worlds-sft", "search-worlds"),
+        ("mini-search-worlds-routed-sft", "search-worlds-routed"),
     ):
         report = json.loads((root / name / "sft_report.json").read_text())
         assert report["config"]["domain"] == ("search" if recipe.startswith("search") else "math")
