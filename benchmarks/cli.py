@@ -762,7 +762,10 @@ def quick_cmd(
         None, help="column-addition warm start (default: the bundled mini-columns-sft, else built)"
     ),
     suites: str = typer.Option(",".join(QUICK_SUITES), help="comma-separated CPU-scale suites"),
-    seeds: str = "0,1",
+    seeds: str | None = typer.Option(
+        None,
+        help="comma-separated training seeds of every suite (default: per suite, presets.QUICK_SEEDS or its own)",
+    ),
     iterations: int | None = typer.Option(None, help="RL iterations per run (default: per suite)"),
     eval_limit: int | None = typer.Option(None, help="eval problems per dataset (default: per suite)"),
     workers: int = typer.Option(QUICK_WORKERS, min=0, help=_WORKERS_HELP),
@@ -809,7 +812,7 @@ def _quick_suites(
     model: Path | None,
     search_model: Path | None,
     columns_model: Path | None,
-    seeds: str,
+    seeds: str | None,
     iterations: int | None,
     eval_limit: int | None,
     workers: int,
@@ -835,7 +838,7 @@ def _quick_suites(
             warm,
             out / name,
             dict(ALGORITHMS),
-            _seeds(seeds),
+            _seeds(seeds) if seeds is not None else list(settings.get("seeds", presets.QUICK_SEEDS)),
             name,
             train,
             settings["eval_k"],
@@ -861,7 +864,7 @@ def _given_warm_start(
     return model
 
 
-_QUICK_SETTING_KEYS = frozenset({"train", "eval_k", "eval_limit"})
+_QUICK_SETTING_KEYS = frozenset({"train", "eval_k", "eval_limit", "seeds"})
 
 
 def _quick_settings(suite: str) -> dict[str, Any]:

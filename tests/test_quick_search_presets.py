@@ -112,3 +112,29 @@ def test_running_from_another_checkout_is_flagged(tmp_path: Path) -> None:
     assert str(other) in msg and str(Path(presets.__file__).resolve().parent.parent) in msg
     assert cli.warn_other_checkout(REPO / "tests") is None  # the checkout whose code runs
     assert cli.warn_other_checkout(tmp_path) is None  # not a checkout at all
+
+
+def test_the_main_job_runs_routed_columns_and_search_each_with_its_seeds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`srpo bench quick` with no options: quick-columns-routed at seeds 0,1 and quick-search (the search
+    half, in the default job) at its own seed 0, which is what fits the 10-minute budget; --seeds given
+    applies to every suite."""
+    runs: list[tuple[str, list[int], str]] = []
+
+    def fake_compare(warm, out, algos, seeds, name, *args, **kwargs):
+        runs.append((name, list(seeds), Path(warm).name))
+        return None
+
+    monkeypatch.setattr(cli, "_run_compare", fake_compare)
+    monkeypatch.setattr(cli, "_merge_quick_outputs", lambda out, results: {})
+    res = CliRunner().invoke(cli.app, ["quick", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert runs == [
+        ("quick-columns-routed", [0, 1], "mini-columns-sft"),
+        ("quick-search", [0], "mini-search-worlds-sft"),
+    ]
+    runs.clear()
+    res = CliRunner().invoke(cli.app, ["quick", "--out", str(tmp_path), "--seeds", "3,4,5"])
+    assert res.exit_code == 0, res.output
+    assert [seeds for _, seeds, _ in runs] == [[3, 4, 5], [3, 4, 5]]
