@@ -503,9 +503,8 @@ class Trainer:
         )
         try:
             shape = load_model_shape(self.model_path)
-        except (
-            ValueError
-        ) as exc:  # a config the plan cannot read (not a decoder LM's keys): no plan, no refusal
+        except ValueError as exc:
+            # a config the plan cannot read (not a decoder LM's keys): no plan, no refusal
             self.log(f"memory plan unavailable: {exc}")
             return
         total = torch.cuda.get_device_properties(self.device).total_memory
