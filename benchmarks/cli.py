@@ -370,7 +370,7 @@ def _print_decisions(decisions: Any, title: str, console: Any = None) -> None:
         return
     shown = format_decisions(decisions)
     table = Table(
-        title=f"{title}: decisions vs {decisions.iloc[0]['reference']}",
+        title=f"{title}: decisions (each variant vs the method in 'vs')",
         caption=LEGEND.format(
             margin=100 * float(decisions.iloc[0]["margin"]), seeds=int(decisions["n_seeds"].max())
         ),

@@ -32,7 +32,13 @@ import pandas as pd
 
 from agents.policy import PolicyMap, SamplingParams
 from benchmarks import decide
-from benchmarks.decide import decision_frame, decisions_markdown, reference_of, write_decisions  # noqa: F401
+from benchmarks.decide import (  # noqa: F401
+    START,
+    decision_frame,
+    decisions_markdown,
+    reference_of,
+    write_decisions,
+)
 from benchmarks.evaluate import EvalResult, evaluate
 from benchmarks.paper import paper_tables, run_from_result, write_paper
 from benchmarks.presets import ABLATIONS, ALGORITHMS  # noqa: F401  (ABLATIONS re-exported)
@@ -122,8 +128,8 @@ def k_counts_of(metrics: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-#: Row name of the starting model in tables.
-START_LABEL = "start (SFT)"
+#: Row name of the starting model in tables (the decision tables' baseline, :data:`benchmarks.decide.START`).
+START_LABEL = START
 
 
 def _safe(label: str) -> str:
@@ -356,8 +362,9 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
 
 def decisions_of(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) -> pd.DataFrame:
     """Every variant against the reference on the runs' held-out samples, paired by seed and problem."""
-    samples = {n: {s: evals[(n, s)].samples for s in cfg.seeds} for n in cfg.variants}
-    return decision_frame(samples, cfg.reference, cfg.margin, skip=(START_LABEL,))
+    samples = {n: {s: evals[(n, s)].samples for s in cfg.seeds} for n in ["start", *cfg.variants]}
+    samples[START_LABEL] = samples.pop("start")
+    return decision_frame(samples, cfg.reference, cfg.margin, baseline=START_LABEL)
 
 
 def _summary_table(
@@ -523,7 +530,9 @@ def write_records(
 
     payload = "[\n" + ",\n".join(canonical_json(r.model_dump(mode="json")) for r in records) + "\n]\n"
     paths = {"results": atomic_write_text(out / "results.json", payload)}
-    decisions = {suite: [decide.jsonable_row(r) for r in rows] for suite, rows in (decisions or {}).items() if rows}
+    decisions = {
+        suite: [decide.jsonable_row(r) for r in rows] for suite, rows in (decisions or {}).items() if rows
+    }
     if decisions:
         paths["decisions_json"] = atomic_write_text(
             out / "decisions.json", json.dumps(decisions, indent=1, sort_keys=True, allow_nan=False) + "\n"

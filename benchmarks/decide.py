@@ -227,7 +227,8 @@ class Components:
             "seeds": self.seed / s,
             "problems": sum(self.problem[d] / (d2 * n) for d, n in self.n_problems.items()),
             "seed x problem": sum(
-                max(self.residual[d] - self.sampling[d], 0.0) / (s * d2 * n) for d, n in self.n_problems.items()
+                max(self.residual[d] - self.sampling[d], 0.0) / (s * d2 * n)
+                for d, n in self.n_problems.items()
             ),
             "samples": sum(self.sampling[d] / (s * d2 * n) for d, n in self.n_problems.items()),
         }
@@ -655,8 +656,13 @@ def decision_table(
         raise ValueError(f"reference {reference!r} is not among the compared methods: {', '.join(matrices)}")
     return [
         decide(
-            m, matrices[reference], variant=name, reference=reference, margin=margin,
-            n_resamples=n_resamples, seed=seed,
+            m,
+            matrices[reference],
+            variant=name,
+            reference=reference,
+            margin=margin,
+            n_resamples=n_resamples,
+            seed=seed,
         )
         for name, m in matrices.items()
         if name != reference and not skip(name)
@@ -673,8 +679,18 @@ LEGEND = (
 )
 
 #: Columns of a decision row that go to ``decisions.json`` and the leaderboard page.
-PAGE_KEYS = ("variant", "reference", "n_seeds", "delta", "low", "high", "p_improvement", "verdict", "mde",
-             "margin")
+PAGE_KEYS = (
+    "variant",
+    "reference",
+    "n_seeds",
+    "delta",
+    "low",
+    "high",
+    "p_improvement",
+    "verdict",
+    "mde",
+    "margin",
+)
 
 
 def format_decisions(decisions: pd.DataFrame) -> pd.DataFrame:
@@ -688,7 +704,9 @@ def format_decisions(decisions: pd.DataFrame) -> pd.DataFrame:
             "variant": decisions["variant"],
             "vs": decisions["reference"],
             "Δ (pt)": decisions["delta"].map(pt),
-            "95% CI (pt)": [f"[{pt(lo)}, {pt(hi)}]" for lo, hi in zip(decisions["low"], decisions["high"], strict=True)],
+            "95% CI (pt)": [
+                f"[{pt(lo)}, {pt(hi)}]" for lo, hi in zip(decisions["low"], decisions["high"], strict=True)
+            ],
             "P(A>B)": decisions["p_improvement"].map(lambda x: f"{x:.2f}"),
             "verdict": decisions["verdict"],
             "MDE (pt)": decisions["mde"].map(lambda x: "-" if not np.isfinite(x) else f"{100 * x:.1f}"),
@@ -725,20 +743,37 @@ def reference_of(variants: Sequence[str], reference: str | None = None) -> str:
     return next((v for v in ("srpo", "srpo-sqrt", "sqrt") if v in variants), variants[0])
 
 
+#: The start model's name in a comparison's samples: no variant, but what every variant's gain is measured from.
+START = "start (SFT)"
+
+
 def decision_frame(
     samples: Mapping[str, Mapping[int, pd.DataFrame]],
     reference: str | None = None,
     margin: float = MARGIN,
-    skip: Sequence[str] = ("start (SFT)",),
+    skip: Sequence[str] = (START,),
+    baseline: str | None = START,
 ) -> pd.DataFrame:
     """``method -> seed -> per-sample frame`` -> one :class:`Decision` row per method other than the
-    reference (:func:`reference_of`); ``skip`` (the start model) is no variant. Empty when fewer than
-    two variants."""
-    names = [n for n in samples if n not in skip]
-    if len(names) < 2:
+    reference (:func:`reference_of`), then, when ``samples`` holds ``baseline`` (the start model, evaluated
+    with each training seed's eval seed), one row per method against it: what training gained, paired
+    by eval seed and problem. ``skip`` and ``baseline`` are no variants. Empty when nothing to compare."""
+    names = [n for n in samples if n not in skip and n != baseline]
+    gains = baseline is not None and baseline in samples and bool(names)
+    if len(names) < 2 and not gains:
         return pd.DataFrame()
-    matrices = score_matrices({n: samples[n] for n in names})
-    rows = decision_table(matrices, reference_of(names, reference), margin=margin)
+    matrices = score_matrices({n: samples[n] for n in [*names, *([baseline] if gains else [])]})
+    rows = (
+        decision_table({n: matrices[n] for n in names}, reference_of(names, reference), margin=margin)
+        if len(names) > 1
+        else []
+    )
+    if gains:
+        assert baseline is not None
+        rows += [
+            decide(matrices[n], matrices[baseline], variant=n, reference=baseline, margin=margin)
+            for n in names
+        ]
     return pd.DataFrame([d.row() for d in rows])
 
 
@@ -760,11 +795,19 @@ def decisions_markdown(decisions: pd.DataFrame, title: str) -> str:
     """The decision table as markdown, with the margin, level and what MDE means spelled out."""
     from benchmarks.report import to_markdown
 
-    first = decisions.iloc[0]
-    return (
-        f"## {title}: each variant vs {first['reference']}\n\n"
-        + to_markdown(format_decisions(decisions))
-        + "\n\n"
-        + LEGEND.format(margin=100 * float(first["margin"]), seeds=int(first["n_seeds"]))
-        + "\n"
-    )
+    parts = []
+    for reference, rows in decisions.groupby("reference", sort=False):
+        first = rows.iloc[0]
+        what = (
+            f"what training gained over the {reference}"
+            if reference == START
+            else f"each variant vs {reference}"
+        )
+        parts.append(
+            f"## {title}: {what}\n\n"
+            + to_markdown(format_decisions(rows.reset_index(drop=True)))
+            + "\n\n"
+            + LEGEND.format(margin=100 * float(first["margin"]), seeds=int(first["n_seeds"]))
+            + "\n"
+        )
+    return "\n".join(parts)

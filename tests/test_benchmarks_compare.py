@@ -37,8 +37,13 @@ def test_comparison_writes_tables_curves_records(tiny_model_dir: Path, tmp_path:
         assert rec["seeds"] == [0, 1] and rec["suite"] == "quick-math"
     assert "srpo-k1" in (tmp_path / "leaderboard.md").read_text()
     # issue 27: every variant decided against the reference (the first here: neither srpo nor sqrt ran)
-    assert list(result.decisions["variant"]) == ["grpo"] and set(result.decisions["reference"]) == {"srpo-k1"}
-    assert result.decisions.loc[0, "verdict"] in {"better", "worse", "equivalent", "undecided"}
+    # then each variant against the start model: what training gained, paired by eval seed and problem
+    assert list(result.decisions["variant"]) == ["grpo", "srpo-k1", "grpo"]
+    assert list(result.decisions["reference"]) == ["srpo-k1", "start (SFT)", "start (SFT)"]
+    assert set(result.decisions["verdict"]) <= {"better", "worse", "equivalent", "undecided"}
+    gain = result.decisions.iloc[1]
+    srpo_k1 = result.runs[result.runs["variant"] == "srpo-k1"]
+    assert gain["delta"] == pytest.approx(float(srpo_k1["after"].mean() - srpo_k1["before"].mean()))
     for name in ("decisions.csv", "decisions.md", "decisions.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert json.loads((tmp_path / "decisions.json").read_text())["quick-math"][0]["variant"] == "grpo"

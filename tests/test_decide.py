@@ -54,8 +54,9 @@ def simulate(
 def _seed_level_dropped(d, strata, n_resamples, rng):  # noqa: ANN001, ANN202
     """Broken: the training-seed level forgotten -- every seed row replaced by the seed average, so
     only problems are resampled (as if the training seeds were fixed, not drawn)."""
-    return D.two_level_bootstrap(np.repeat(d.mean(axis=0, keepdims=True), d.shape[0], axis=0), strata,
-                                 n_resamples, rng)
+    return D.two_level_bootstrap(
+        np.repeat(d.mean(axis=0, keepdims=True), d.shape[0], axis=0), strata, n_resamples, rng
+    )
 
 
 def _iid_cells(d, strata, n_resamples, rng):  # noqa: ANN001, ANN202
@@ -213,8 +214,16 @@ def _samples(scores: Sequence[Sequence[int]], dataset_sizes: Sequence[int]) -> p
     for di, size in enumerate(dataset_sizes):
         for j in range(size):
             for s, c in enumerate(scores[p]):
-                rows.append({"dataset": f"ds{di}", "problem_id": f"q{j}", "sample_idx": s, "correct": bool(c),
-                             "team_tokens": 1.0, "tool_calls": 0.0})
+                rows.append(
+                    {
+                        "dataset": f"ds{di}",
+                        "problem_id": f"q{j}",
+                        "sample_idx": s,
+                        "correct": bool(c),
+                        "team_tokens": 1.0,
+                        "tool_calls": 0.0,
+                    }
+                )
             p += 1
     return pd.DataFrame(rows)
 
@@ -241,15 +250,32 @@ def _saved_run(root, method: str, seed: int, p_correct: float) -> None:  # noqa:
 
     rng = np.random.default_rng(seed * 100 + int(p_correct * 10))
     rows = [
-        {"dataset": ds, "problem_id": f"{ds}-{p}", "sample_idx": g, "correct": bool(rng.random() < p_correct),
-         "team_tokens": 10.0, "tool_calls": 0.0, "ks": [2, 1], "inputs": 2, "inputs_truncated": 0}
-        for ds in ("d1", "d2") for p in range(20) for g in range(4)
+        {
+            "dataset": ds,
+            "problem_id": f"{ds}-{p}",
+            "sample_idx": g,
+            "correct": bool(rng.random() < p_correct),
+            "team_tokens": 10.0,
+            "tool_calls": 0.0,
+            "ks": [2, 1],
+            "inputs": 2,
+            "inputs_truncated": 0,
+        }
+        for ds in ("d1", "d2")
+        for p in range(20)
+        for g in range(4)
     ]
     out = root / method / f"seed{seed}"
     out.mkdir(parents=True)
     pd.DataFrame(rows).to_parquet(out / "eval_samples.parquet")
     info = {"method": method, "config": {"seed": seed, "datasets": [{"name": "d1"}, {"name": "d2"}]}}
-    summary = {"suite": "quick-math", "workflow": "proposers-aggregator", "k": 4, "datasets": {}, "run_info": info}
+    summary = {
+        "suite": "quick-math",
+        "workflow": "proposers-aggregator",
+        "k": 4,
+        "datasets": {},
+        "run_info": info,
+    }
     (out / "eval.json").write_text(json.dumps(summary))
 
 
@@ -262,14 +288,21 @@ def test_bench_report_writes_decisions(tmp_path) -> None:  # noqa: ANN001
     for seed in range(5):
         _saved_run(tmp_path, "srpo", seed, 0.3)
         _saved_run(tmp_path, "grpo", seed, 0.8)  # far better: the interval must exclude 0
-        _saved_run(tmp_path, "start (SFT)", seed, 0.1)  # the start model is no variant
+        _saved_run(tmp_path, "start (SFT)", seed, 0.1)  # no variant: what each variant gained from
     res = CliRunner().invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "rep")])
     assert res.exit_code == 0, res.output
     table = pd.read_csv(tmp_path / "rep" / "decisions.csv")
-    assert list(table["variant"]) == ["grpo"] and list(table["reference"]) == ["srpo"]
+    assert list(table["variant"][:1]) == ["grpo"] and list(table["reference"][:1]) == ["srpo"]
     assert table.loc[0, "verdict"] == "better" and table.loc[0, "low"] > 0.3
-    assert "each variant vs srpo" in (tmp_path / "rep" / "decisions.md").read_text()
-    assert "decisions vs srpo" in res.output and "better" in res.output
+    # then what each gained over the start model, paired by eval seed and problem: srpo +0.2, grpo +0.7
+    gains = table[table["reference"] == "start (SFT)"].set_index("variant")
+    assert sorted(gains.index) == ["grpo", "srpo"] and len(table) == 3
+    assert set(gains["verdict"]) == {"better"}
+    for name, truth in (("srpo", 0.2), ("grpo", 0.7)):
+        assert gains.loc[name, "low"] < truth < gains.loc[name, "high"]
+    md = (tmp_path / "rep" / "decisions.md").read_text()
+    assert "each variant vs srpo" in md and "what training gained over the start (SFT)" in md
+    assert "decisions (each variant vs the method in 'vs')" in res.output and "better" in res.output
     res = CliRunner().invoke(app, ["report", str(tmp_path), "--reference", "nope"])
     assert res.exit_code != 0 and "not a compared variant" in res.output
 
@@ -283,7 +316,9 @@ def test_bench_power_from_finished_runs(tmp_path) -> None:  # noqa: ANN001
     for seed in range(4):
         _saved_run(tmp_path / "evals", "srpo", seed, 0.5)
         _saved_run(tmp_path / "evals", "grpo", seed, 0.45)
-    res = CliRunner().invoke(app, ["power", "--suite", "quick-math", "--from", str(tmp_path), "--out", str(tmp_path)])
+    res = CliRunner().invoke(
+        app, ["power", "--suite", "quick-math", "--from", str(tmp_path), "--out", str(tmp_path)]
+    )
     assert res.exit_code == 0, res.output
     text = (tmp_path / "power.md").read_text()
     assert "Pilot: 4 training seeds x 40 problems x k=4" in text
@@ -296,7 +331,9 @@ def test_bench_power_from_finished_runs(tmp_path) -> None:  # noqa: ANN001
     _saved_run(one / "evals", "srpo", 0, 0.5)
     _saved_run(one / "evals", "grpo", 0, 0.45)
     bad = CliRunner().invoke(app, ["power", "--suite", "quick-math", "--from", str(one), "--out", str(one)])
-    assert bad.exit_code != 0 and "needsthesame>=2trainingseeds" in "".join(bad.output.replace("│", "").split())
+    assert bad.exit_code != 0 and "needsthesame>=2trainingseeds" in "".join(
+        bad.output.replace("│", "").split()
+    )
 
 
 def test_tables_print_whole_when_stdout_is_not_a_terminal(capsys) -> None:  # noqa: ANN001
@@ -307,16 +344,40 @@ def test_tables_print_whole_when_stdout_is_not_a_terminal(capsys) -> None:  # no
     from benchmarks.cli import _print_comparison
 
     table = pd.DataFrame(
-        [{"variant": f"variant-with-a-long-name-{i}", **{f"dataset-{j} avg@4": "0.612 ± 0.044" for j in range(8)}}
-         for i in range(3)]
+        [
+            {
+                "variant": f"variant-with-a-long-name-{i}",
+                **{f"dataset-{j} avg@4": "0.612 ± 0.044" for j in range(8)},
+            }
+            for i in range(3)
+        ]
     )
-    decisions = pd.DataFrame([D.Decision("grpo", "srpo", 10, 0.61, 0.6, 0.01, -0.005, 0.025, 0.6, 0.61, 0.6,
-                                         0.62, 0.027, 0.02, "undecided").row()])
+    decisions = pd.DataFrame(
+        [
+            D.Decision(
+                "grpo",
+                "srpo",
+                10,
+                0.61,
+                0.6,
+                0.01,
+                -0.005,
+                0.025,
+                0.6,
+                0.61,
+                0.6,
+                0.62,
+                0.027,
+                0.02,
+                "undecided",
+            ).row()
+        ]
+    )
     _print_comparison(SimpleNamespace(table=table, decisions=decisions), "a title")
     out = capsys.readouterr().out
     assert "…" not in out
     assert out.count("0.612 ± 0.044") == 24 and "variant-with-a-long-name-2" in out
-    assert "[-0.5, +2.5]" in out and "undecided" in out and "decisions vs srpo" in out
+    assert "[-0.5, +2.5]" in out and "undecided" in out and "a title: decisions" in out
 
 
 def test_decision_runs_evaluate_the_whole_held_out_split_with_k_4() -> None:
