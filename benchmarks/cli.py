@@ -395,7 +395,9 @@ def _run_compare(
     workers: int = 0,
     ray_address: str | None = None,
     reference: str | None = None,
+    env_kwargs: dict[str, Any] | None = None,
 ) -> Any:
+    """One comparison; ``env_kwargs`` replace keys of the suite's training env (decision runs: more worlds)."""
     from benchmarks.compare import CompareConfig, reference_of, run_comparison
     from benchmarks.model_source import ModelNotAvailable, resolve_model
 
@@ -412,7 +414,7 @@ def _run_compare(
         suite=suite,
         workflow=env.workflow,
         env_id=env.env_id,
-        env_kwargs=dict(env.env_kwargs),
+        env_kwargs={**env.env_kwargs, **(env_kwargs or {})},
         train=train,
         eval_k=eval_k,
         eval_limit=eval_limit,
@@ -427,7 +429,7 @@ def _run_compare(
             raise typer.BadParameter(str(exc), param_hint="--reference") from None
     # what the runs will train with and which checkout's presets said so, before any minute is spent
     # (compare_config.json is written only at the end)
-    settings = ", ".join(f"{k}={v}" for k, v in sorted(train.items()))
+    settings = ", ".join(f"{k}={v}" for k, v in sorted({**train, **(env_kwargs or {})}.items()))
     typer.echo(f"{suite}: train {settings} (presets: {Path(presets.__file__).resolve()})")
     result = run_comparison(cfg, log=typer.echo)
     _print_comparison(result, title)
@@ -450,11 +452,15 @@ def _train_overrides(
 ) -> dict[str, Any]:
     """The ``TrainConfig`` overrides every variant shares: the suite's ``bench quick`` settings
     (:data:`benchmarks.presets.QUICK_SETTINGS`, so ``bench compare --suite S`` reproduces the main job's
-    S), else the on-policy quick preset; each option given replaces its preset value. ``epochs > 1`` or
+    S) with its decision settings over them (:data:`benchmarks.presets.DECISION_TRAIN`: the search
+    suites), else the on-policy quick preset; each option given replaces its preset value. ``epochs > 1`` or
     ``minibatches_per_iter > 1`` make the updates off-policy (rho != 1 after the first step), which is
     where clipping and SRPO's set-level ratio act."""
     if suite in presets.QUICK_SETTINGS:
-        out: dict[str, Any] = dict(presets.QUICK_SETTINGS[suite]["train"])
+        out: dict[str, Any] = {
+            **presets.QUICK_SETTINGS[suite]["train"],
+            **presets.DECISION_TRAIN.get(suite, {}),
+        }
     else:
         out = {**presets.QUICK_TRAIN, "iterations": presets.COMPARE_DEFAULTS["iterations"]}
     if rows_per_batch is not None and minibatches_per_iter is None:
@@ -587,6 +593,7 @@ def compare_cmd(
         workers,
         ray_address,
         reference,
+        env_kwargs=presets.DECISION_ENV_KWARGS.get(suite),
     )
 
 
@@ -639,6 +646,7 @@ def ablation_cmd(
         workers,
         ray_address,
         reference,
+        env_kwargs=presets.DECISION_ENV_KWARGS.get(suite),
     )
 
 
@@ -721,6 +729,7 @@ def power_cmd(
             *_eval_settings(suite, eval_k, eval_limit),
             f"{suite}: power pilot",
             workers,
+            env_kwargs=presets.DECISION_ENV_KWARGS.get(suite),
         )
         from_dir = out  # the pilot saved every eval under OUT/evals/<variant>/seed<S>/
     from benchmarks.paper import load_runs

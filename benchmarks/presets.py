@@ -235,6 +235,8 @@ DECISION_SEEDS: dict[str, int] = {
     "quick-columns": 10,
     "quick-columns-routed": 10,
     "quick-columns-routed5": 10,
+    # the issue's five seeds for a search decision (~12 min per run on 2 cores: no pilot sized it yet)
+    "quick-search": 5,
 }
 #: ``--eval-k`` / ``--eval-limit`` defaults of ``srpo bench compare`` / ``ablation`` / ``power --suite S``:
 #: every held-out problem (128 per size) with k=4, the design ``srpo bench power`` sizes (the README's
@@ -245,6 +247,25 @@ DECISION_EVAL: dict[str, dict[str, int]] = {
     "quick-columns-routed5": {"eval_k": 4, "eval_limit": 128},
 }
 
+#: The invented worlds a quick-search *decision* run trains in (``bench compare`` / ``ablation`` /
+#: ``power``): 16 worlds, none the warm start (``SFT_WORLD_SEED_BASE`` on) or the held-out evaluation
+#: (``QUICK_SEARCH_EVAL_KB_SEED``) uses, so RL cannot learn one world's facts and has to learn to read.
+QUICK_SEARCH_RL_WORLDS: tuple[int, ...] = tuple(
+    range(QUICK_SEARCH_TRAIN_KB_SEED, QUICK_SEARCH_TRAIN_KB_SEED + 16)
+)
+#: Env kwargs of ``bench compare`` / ``ablation`` / ``power --suite S`` over the suite's training env
+#: (``bench quick`` keeps :data:`TRAINING_ENVS`' one world and its budget; quick-search-routed's ablation
+#: in the README was measured in that world).
+DECISION_ENV_KWARGS: dict[str, dict[str, Any]] = {
+    "quick-search": {"kb_seed": list(QUICK_SEARCH_RL_WORLDS)},
+}
+#: ``TrainConfig`` overrides of ``bench compare`` / ``ablation`` / ``power --suite S`` over the suite's
+#: ``bench quick`` settings: search RL that moves held-out accuracy needs many worlds, groups with a
+#: reward difference (DAPO's dynamic sampling) and 64 iterations (README: 16 iterations in one world gave
+#: +0.02, 64 in 16 worlds +0.07; ~12 min per run on 2 cores).
+DECISION_TRAIN: dict[str, dict[str, Any]] = {
+    "quick-search": {"iterations": 64, "filter_groups": True},
+}
 #: Defaults of ``srpo bench compare`` / ``ablation`` that are not RL settings.
 COMPARE_DEFAULTS: dict[str, Any] = {
     "seeds": "0,1,2",

@@ -393,3 +393,34 @@ def test_decision_runs_evaluate_the_whole_held_out_split_with_k_4() -> None:
         assert k >= 4, suite
         assert limit >= max(suite_problems(suite).values()), suite
     assert cli._eval_settings("quick-columns", 2, 16) == (2, 16)  # options given beat the preset
+
+
+def test_search_decision_runs_train_in_many_worlds_for_64_filtered_iterations(monkeypatch) -> None:  # noqa: ANN001
+    """Issue 29: ``bench compare --suite quick-search`` trains where RL moved held-out accuracy (16 worlds
+    no warm start or evaluation uses, dynamic sampling, 64 iterations); ``bench quick`` keeps its one
+    world and budget. Fails if the decision settings stop reaching the comparison's config."""
+    from typer.testing import CliRunner
+
+    from benchmarks import cli, compare, presets
+    from benchmarks.suites import QUICK_SEARCH_EVAL_KB_SEED
+    from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE
+
+    seen: list[compare.CompareConfig] = []
+
+    def capture(cfg, log=None):  # noqa: ANN001, ANN202
+        seen.append(cfg)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(compare, "run_comparison", capture)
+    model = str(presets.BUNDLED_SEARCH_WORLDS_MODEL)
+    for command in ("compare", "ablation"):
+        args = [command, "--suite", "quick-search", "--model", model, "--seeds", "0"]
+        res = CliRunner().invoke(cli.app, args)
+        assert isinstance(res.exception, RuntimeError) and "captured" in str(res.exception), res.output
+        cfg = seen[-1]
+        worlds = cfg.env_kwargs["kb_seed"]
+        assert len(worlds) == 16 and QUICK_SEARCH_EVAL_KB_SEED not in worlds
+        assert max(worlds) < SFT_WORLD_SEED_BASE
+        assert cfg.train["filter_groups"] is True and cfg.train["iterations"] == 64
+    assert presets.TRAINING_ENVS["quick-search"].env_kwargs["kb_seed"] == presets.QUICK_SEARCH_TRAIN_KB_SEED
+    assert "filter_groups" not in presets.QUICK_SETTINGS["quick-search"]["train"]
