@@ -452,8 +452,8 @@ def _train_overrides(
 ) -> dict[str, Any]:
     """The ``TrainConfig`` overrides every variant shares: the suite's ``bench quick`` settings
     (:data:`benchmarks.presets.QUICK_SETTINGS`, so ``bench compare --suite S`` reproduces the main job's
-    S) with its decision settings over them (:data:`benchmarks.presets.DECISION_TRAIN`: the search
-    suites), else the on-policy quick preset; each option given replaces its preset value. ``epochs > 1`` or
+    S) with its decision settings over them (:data:`benchmarks.presets.DECISION_TRAIN`:
+    quick-search), else the on-policy quick preset; each option given replaces its preset value. ``epochs > 1`` or
     ``minibatches_per_iter > 1`` make the updates off-policy (rho != 1 after the first step), which is
     where clipping and SRPO's set-level ratio act."""
     if suite in presets.QUICK_SETTINGS:

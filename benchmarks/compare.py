@@ -361,7 +361,8 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
 
 
 def decisions_of(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) -> pd.DataFrame:
-    """Every variant against the reference on the runs' held-out samples, paired by seed and problem."""
+    """Every variant against the reference, then against the start model (what training gained), on
+    the runs' held-out samples, paired by seed and problem."""
     samples = {n: {s: evals[(n, s)].samples for s in cfg.seeds} for n in ["start", *cfg.variants]}
     samples[START_LABEL] = samples.pop("start")
     return decision_frame(samples, cfg.reference, cfg.margin, baseline=START_LABEL)
