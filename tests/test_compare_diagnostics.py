@@ -93,14 +93,20 @@ def test_ablation_and_compare_pass_off_policy_settings(monkeypatch) -> None:  # 
 
 
 def test_compare_defaults_are_the_suites_bench_quick_settings(monkeypatch) -> None:  # noqa: ANN001
-    """``bench compare --suite S`` with no options trains as ``bench quick`` does for S and evaluates with
-    S's decision eval (``presets.DECISION_EVAL``: the whole held-out split) where it has one, else as
-    bench quick does; a suite ``bench quick`` does not run gets the on-policy quick preset; given
-    options win."""
+    """``bench compare --suite S`` with no options trains as ``bench quick`` does for S, with S's decision
+    settings over it (``presets.DECISION_TRAIN``: quick-search), and evaluates with S's decision eval
+    (``presets.DECISION_EVAL``: the whole held-out split) where it has one, else as bench quick does; a
+    suite ``bench quick`` does not run gets the on-policy quick preset; given options win."""
     from typer.testing import CliRunner
 
     import benchmarks.cli as cli
-    from benchmarks.presets import COMPARE_DEFAULTS, DECISION_EVAL, QUICK_SETTINGS, QUICK_TRAIN
+    from benchmarks.presets import (
+        COMPARE_DEFAULTS,
+        DECISION_EVAL,
+        DECISION_TRAIN,
+        QUICK_SETTINGS,
+        QUICK_TRAIN,
+    )
 
     seen: list[tuple] = []
     monkeypatch.setattr(cli, "_run_compare", lambda *a, **kw: seen.append((a[5], a[6], a[7])))
@@ -113,7 +119,8 @@ def test_compare_defaults_are_the_suites_bench_quick_settings(monkeypatch) -> No
     for suite in ("quick-columns", "quick-search"):
         quick = QUICK_SETTINGS[suite]
         ev = DECISION_EVAL.get(suite, quick)
-        assert run("--suite", suite) == (quick["train"], ev["eval_k"], ev["eval_limit"])
+        train = {**quick["train"], **DECISION_TRAIN.get(suite, {})}
+        assert run("--suite", suite) == (train, ev["eval_k"], ev["eval_limit"])
         assert quick["train"]["minibatches_per_iter"] == 2  # off-policy, as the main job runs it
     assert run("--suite", "math") == (
         {**QUICK_TRAIN, "iterations": COMPARE_DEFAULTS["iterations"]},
