@@ -45,7 +45,8 @@ def _edit_presets_file(monkeypatch: pytest.MonkeyPatch, lr: float) -> None:
     """Edit the search learning rate in the text of benchmarks/presets.py and load the edited file as the
     presets (as a rerun after the edit would), restoring every name afterwards."""
     source = Path(presets.__file__).read_text()
-    line = re.search(r"^_SEARCH_TRAIN\b.*$", source, flags=re.M)
+    # the statement, on one line or several (up to the line that closes the dict)
+    line = re.search(r"^_SEARCH_TRAIN\b.*?\}$", source, flags=re.M | re.S)
     assert line is not None, "benchmarks/presets.py defines no _SEARCH_TRAIN"
     edited_line, n = re.subn(r'"lr": [0-9.e+-]+', f'"lr": {lr!r}', line.group(0))
     assert n == 1, f"quick-search's lr has no line of its own to edit: {line.group(0)!r}"
@@ -70,11 +71,13 @@ def test_a_search_lr_edit_in_presets_reaches_the_runs_config(
         cli.app, ["compare", "--model", SEARCH_MODEL, "--suite", "quick-search", "--out", str(tmp_path)]
     )
     assert isinstance(compare_run.exception, _Captured), compare_run.output
+    assert len(captured) == 2
     for cfg in captured:
         assert cfg["suite"] == "quick-search"
         assert cfg["train"]["lr"] == 7.5e-4
-        assert cfg["train"]["iterations"] == presets.QUICK_SETTINGS["quick-search"]["train"]["iterations"]
-    assert len(captured) == 2
+    # bench quick trains its budgeted iterations, bench compare the decision settings over them
+    assert captured[0]["train"]["iterations"] == presets.QUICK_SETTINGS["quick-search"]["train"]["iterations"]
+    assert captured[1]["train"]["iterations"] == presets.DECISION_TRAIN["quick-search"]["iterations"]
     # the run says what it trains with, and whose presets, before training starts
     assert "lr=0.00075" in quick.output and str(Path(presets.__file__).resolve()) in quick.output
 
