@@ -174,9 +174,10 @@ _COLUMNS_TRAIN: dict[str, Any] = {
 #: samples differ in reward; measured settings in the README). Its learning rate is spelled out here,
 #: not inherited: a later key beats an earlier one, so an edit of ``QUICK_TRAIN["lr"]`` never reached
 #: this suite (``_COLUMNS_TRAIN`` sets its own); this line is the search learning rate. A search
-#: prompt carries three passages, so a 4096-token micro-batch's prefix-tree attention holds ~170 MB more
-#: than a 2048-token one at the same speed; MAPPO's critic reads the question and the latest 128 tokens
-#: of the state (the newest passages), 40% less critic time than 256 (``perf.bench_memory``, README).
+#: prompt carries three passages, so its micro-batches hold 2048 tokens (the prefix tree's attention
+#: grows with the square of the budget; the time is the same) and MAPPO's critic reads the question and
+#: the latest 128 tokens of the state (the newest passages): the main job's memory and time budget
+#: (the README has the measurements).
 _SEARCH_TRAIN: dict[str, Any] = {
     **_COLUMNS_TRAIN,
     "iterations": 16,
@@ -235,7 +236,7 @@ DECISION_SEEDS: dict[str, int] = {
     "quick-columns": 10,
     "quick-columns-routed": 10,
     "quick-columns-routed5": 10,
-    # the five seeds for a search decision (~12 min per run on 2 cores: no pilot sized it yet)
+    # five seeds for a search decision (64 iterations per run; no power pilot has sized it yet)
     "quick-search": 5,
 }
 #: ``--eval-k`` / ``--eval-limit`` defaults of ``srpo bench compare`` / ``ablation`` / ``power --suite S``:
@@ -261,8 +262,7 @@ DECISION_ENV_KWARGS: dict[str, dict[str, Any]] = {
 }
 #: ``TrainConfig`` overrides of ``bench compare`` / ``ablation`` / ``power --suite S`` over the suite's
 #: ``bench quick`` settings: search RL that moves held-out accuracy needs many worlds, groups with a
-#: reward difference (DAPO's dynamic sampling) and 64 iterations (README: 16 iterations in one world gave
-#: +0.02, 64 in 16 worlds +0.07; ~12 min per run on 2 cores).
+#: reward difference (DAPO's dynamic sampling) and many iterations (the README has what each gave).
 DECISION_TRAIN: dict[str, dict[str, Any]] = {
     "quick-search": {"iterations": 64, "filter_groups": True},
 }
