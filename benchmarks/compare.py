@@ -43,6 +43,7 @@ from benchmarks.evaluate import EvalResult, evaluate
 from benchmarks.paper import paper_tables, run_from_result, write_paper
 from benchmarks.presets import ABLATIONS, ALGORITHMS  # noqa: F401  (ABLATIONS re-exported)
 from benchmarks.report import format_mean_std, plot_learning_curves, to_markdown, write_csv
+from benchmarks.strata import strata_frame, strata_markdown, suite_strata, write_strata
 from learners import checkpoint as ckpt
 from learners.trainer import TrainConfig, Trainer
 from srpo_common import atomic_write_text, weights_sha256
@@ -355,17 +356,31 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     paths.update({f"paper_{k}": v for k, v in write_paper(paper, out, paper_runs).items()})
     decisions = decisions_of(cfg, evals)
     paths.update(write_decisions(decisions, out, cfg.suite))
+    by_stratum = strata_frame(
+        _samples_by_method(cfg, evals), suite_strata(cfg.suite, cfg.eval_limit), margin=cfg.margin
+    )
+    if not by_stratum.empty:
+        say(strata_markdown(by_stratum, cfg.suite))
+        paths.update(write_strata(by_stratum, out, cfg.suite))
     records = _records(cfg, evals)
     paths.update(write_records(out, records, decisions={cfg.suite: decisions.to_dict(orient="records")}))
     return ComparisonResult(table, runs_df, curves_df, records, paths, k_df, decisions)
 
 
+def _samples_by_method(
+    cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]
+) -> dict[str, dict[int, pd.DataFrame]]:
+    """``method -> seed -> held-out samples``, the start model first under :data:`START_LABEL`."""
+    return {
+        START_LABEL if n == "start" else n: {s: evals[(n, s)].samples for s in cfg.seeds}
+        for n in ["start", *cfg.variants]
+    }
+
+
 def decisions_of(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) -> pd.DataFrame:
     """Every variant against the reference, then against the start model (what training gained), on
     the runs' held-out samples, paired by seed and problem."""
-    samples = {n: {s: evals[(n, s)].samples for s in cfg.seeds} for n in ["start", *cfg.variants]}
-    samples[START_LABEL] = samples.pop("start")
-    return decision_frame(samples, cfg.reference, cfg.margin, baseline=START_LABEL)
+    return decision_frame(_samples_by_method(cfg, evals), cfg.reference, cfg.margin, baseline=START_LABEL)
 
 
 def _summary_table(

@@ -100,6 +100,9 @@ def test_bench_quick_runs_every_suite_and_merges_outputs(tiny_model_dir: Path, t
     assert (out / "curves.png").stat().st_size > 0
     search_run = json.loads((out / "quick-search" / "compare_config.json").read_text())
     assert search_run["env_id"] == "MultiTurnSearch-v0" and search_run["workflow"] == "parallel"
+    # the search suite's held-out results by hop (its first two questions are one-hop); none for columns
+    assert "| srpo | 1-hop | 2 |" in (out / "quick-search" / "by_hop.md").read_text()
+    assert not (out / "quick-columns" / "by_hop.md").exists()
 
 
 @pytest.mark.slow
