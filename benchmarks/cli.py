@@ -667,6 +667,8 @@ def report_cmd(
     from the per-sample records saved under RUN_DIRS; write it as markdown, CSV and a bar plot."""
     from benchmarks.decide import decision_frame, write_decisions  # light: no torch import
     from benchmarks.paper import load_runs, paper_tables, write_paper
+    from benchmarks.strata import strata_frame, strata_markdown, suite_strata, write_strata
+    from benchmarks.suites import SUITES
 
     try:
         runs = load_runs(run_dirs)
@@ -675,13 +677,18 @@ def report_cmd(
         for r in runs:
             by_method.setdefault(r.method, {})[r.seed] = r.samples
         decisions = decision_frame(by_method, reference)
+        # a suite this version does not know has no strata to read (its runs still get every table)
+        by_hop = strata_frame(by_method, suite_strata(pt.suite) if pt.suite in SUITES else {})
     except (FileNotFoundError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="RUN_DIRS") from None
     typer.echo(pt.markdown())
     _print_decisions(decisions, pt.suite)
+    if not by_hop.empty:
+        typer.echo(strata_markdown(by_hop, pt.suite))
     written = {
         **write_paper(pt, out or run_dirs[0], runs),
         **write_decisions(decisions, out or run_dirs[0], pt.suite),
+        **write_strata(by_hop, out or run_dirs[0], pt.suite),
     }
     for kind, path in written.items():
         typer.echo(f"wrote {kind}: {path}")

@@ -87,3 +87,49 @@ def test_samples_without_a_stratum_are_left_out_and_no_strata_write_nothing(tmp_
     assert "held-out results by hop" in md and "| srpo | 2-hop | 20 |" in md
     assert pd.read_csv(paths["by_hop_csv"]).shape[0] == 2
     assert strata_markdown(frame, "t").count("\n| ") == 2 + 1  # header + one row per method
+
+
+def test_bench_report_writes_the_hop_table_of_saved_search_runs(tmp_path) -> None:  # noqa: ANN001
+    """`srpo bench report` on saved quick-search evaluations: by_hop.md/.csv beside decisions.md."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from benchmarks.cli import app
+
+    strata = suite_strata("quick-search", 64)
+    for method, p_one in ((START, 0.2), ("srpo", 0.6)):
+        for seed in range(2):
+            rng = np.random.default_rng(seed)
+            rows = [
+                {
+                    "dataset": "kb",
+                    "problem_id": pid,
+                    "sample_idx": g,
+                    "correct": bool(rng.random() < (p_one if label == "1-hop" else 0.05)),
+                    "team_tokens": 30,
+                    "tool_calls": 2,
+                    "ks": [2, 1],
+                    "inputs": 2,
+                    "inputs_truncated": 0,
+                }
+                for (_, pid), label in strata.items()
+                for g in range(4)
+            ]
+            out = tmp_path / method.replace(" ", "_") / f"seed{seed}"
+            out.mkdir(parents=True)
+            pd.DataFrame(rows).to_parquet(out / "eval_samples.parquet")
+            info = {"method": method, "config": {"seed": seed, "datasets": [{"name": "kb"}]}}
+            summary = {
+                "suite": "quick-search",
+                "workflow": "parallel",
+                "k": 4,
+                "datasets": {},
+                "run_info": info,
+            }
+            (out / "eval.json").write_text(json.dumps(summary))
+    res = CliRunner().invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    frame = pd.read_csv(tmp_path / "rep" / "by_hop.csv").set_index(["method", "stratum"])
+    assert frame.loc[("srpo", "1-hop"), "gain"] > 0.3 and abs(frame.loc[("srpo", "2-hop"), "gain"]) < 0.1
+    assert "held-out results by hop" in res.output
