@@ -42,7 +42,7 @@ from benchmarks.decide import (  # noqa: F401
 from benchmarks.evaluate import EvalResult, evaluate
 from benchmarks.paper import paper_tables, run_from_result, write_paper
 from benchmarks.presets import ABLATIONS, ALGORITHMS  # noqa: F401  (ABLATIONS re-exported)
-from benchmarks.report import format_mean_std, plot_learning_curves, to_markdown, write_csv
+from benchmarks.report import format_mean_std, mean_std, plot_learning_curves, to_markdown, write_csv
 from benchmarks.strata import strata_frame, strata_markdown, suite_strata, write_strata
 from learners import checkpoint as ckpt
 from learners.trainer import TrainConfig, Trainer
@@ -403,20 +403,20 @@ def _summary_table(
 
     def team(name: str) -> dict[str, str]:
         return {
-            label: format_mean_std(*_ms([evals[(name, s)].macro[col] for s in cfg.seeds]), digits=2)
+            label: format_mean_std(*mean_std([evals[(name, s)].macro[col] for s in cfg.seeds]), digits=2)
             for label, col in team_cols.items()
         }
 
     rows.append(
         {
             "variant": "start (SFT)",
-            "before": format_mean_std(np.mean(starts), _std(starts)),
+            "before": format_mean_std(*mean_std(starts)),
             "after": "",
             "delta": "",
             **team("start"),
             **{
                 f"{d} avg@{k}": format_mean_std(
-                    *_ms([evals[("start", s)].table.loc[d, "avg@k"] for s in cfg.seeds])
+                    *mean_std([evals[("start", s)].table.loc[d, "avg@k"] for s in cfg.seeds])
                 )
                 for d in datasets
             },
@@ -427,33 +427,24 @@ def _summary_table(
         rows.append(
             {
                 "variant": name,
-                "before": format_mean_std(*_ms(sub["before"])),
-                "after": format_mean_std(*_ms(sub["after"])),
-                "delta": format_mean_std(*_ms(sub["delta"])),
-                "train s": format_mean_std(*_ms(sub["train_s"]), digits=0),
-                "clip_frac": format_mean_std(*_ms(sub["clip_frac"])),
-                "mean |L_e|": format_mean_std(*_ms(sub["mean_abs_log_ratio"]), digits=4),
-                "approx_kl": format_mean_std(*_ms(sub["approx_kl"]), digits=5),
-                "train K": format_mean_std(*_ms(sub["mean_k"]), digits=2),
+                "before": format_mean_std(*mean_std(sub["before"])),
+                "after": format_mean_std(*mean_std(sub["after"])),
+                "delta": format_mean_std(*mean_std(sub["delta"])),
+                "train s": format_mean_std(*mean_std(sub["train_s"]), digits=0),
+                "clip_frac": format_mean_std(*mean_std(sub["clip_frac"])),
+                "mean |L_e|": format_mean_std(*mean_std(sub["mean_abs_log_ratio"]), digits=4),
+                "approx_kl": format_mean_std(*mean_std(sub["approx_kl"]), digits=5),
+                "train K": format_mean_std(*mean_std(sub["mean_k"]), digits=2),
                 **team(name),
                 **{
                     f"{d} avg@{k}": format_mean_std(
-                        *_ms([evals[(name, s)].table.loc[d, "avg@k"] for s in cfg.seeds])
+                        *mean_std([evals[(name, s)].table.loc[d, "avg@k"] for s in cfg.seeds])
                     )
                     for d in datasets
                 },
             }
         )
     return pd.DataFrame(rows)
-
-
-def _std(values: Sequence[float]) -> float:
-    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-
-
-def _ms(values: Any) -> tuple[float, float]:
-    vals = [float(v) for v in values]
-    return float(np.mean(vals)), _std(vals)
 
 
 def _write_outputs(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "format_mean_std",
+    "mean_std",
     "make_console",
     "plot_k_histogram",
     "plot_k_over_training",
@@ -50,6 +51,12 @@ def make_console(**kwargs: object) -> object:
 
     console = Console(**kwargs)  # type: ignore[arg-type]
     return console if console.is_terminal else Console(width=UNBOUNDED_WIDTH, **kwargs)  # type: ignore[arg-type]
+
+
+def mean_std(values: Iterable[float]) -> tuple[float, float]:
+    """Mean and sample std (ddof=1; 0 for a single value) of a metric over seeds."""
+    vals = [float(v) for v in values]
+    return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
 
 
 def format_mean_std(mean: float, std: float, digits: int = 3) -> str:
@@ -443,7 +450,9 @@ def plot_k_over_training(
         ax_c.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
         sub = df[df["variant"] == name].groupby("k")["count"].sum()
         frac = np.array([sub.get(k, 0) for k in ks], dtype=np.float64) / max(int(sub.sum()), 1)
-        ax_h.bar(ks + (i - (len(variants) - 1) / 2) * width, frac, width=width, color=line.get_color(), label=name)
+        ax_h.bar(
+            ks + (i - (len(variants) - 1) / 2) * width, frac, width=width, color=line.get_color(), label=name
+        )
     ax_c.set_xlabel("iteration")
     ax_c.set_ylabel("mean K of the rollout batch")
     ax_c.grid(True, alpha=0.3)

@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import decide
+from benchmarks.evaluate import team_k
+from benchmarks.report import format_mean_std, mean_std
 
 #: The task ``meta`` key strata are read from, and how a stratum is named in tables.
 STRATUM_KEY = "hops"
@@ -58,15 +60,10 @@ def _label_column(samples: pd.DataFrame, strata: Mapping[tuple[str, str], str]) 
 
 
 def _mean_k(samples: pd.DataFrame) -> float:
-    """Team size per attempt: its largest event (:func:`benchmarks.evaluate.team_k`), NaN without ``ks``."""
+    """Team size per attempt (:func:`benchmarks.evaluate.team_k`), NaN without ``ks``."""
     if "ks" not in samples or samples.empty:
         return math.nan
-    return float(np.mean([max(list(v)) if len(v) else 0 for v in samples["ks"]]))
-
-
-def _ms(values: Sequence[float]) -> tuple[float, float]:
-    vals = [float(v) for v in values]
-    return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
+    return float(np.mean([team_k(list(v)) for v in samples["ks"]]))
 
 
 def strata_frame(
@@ -100,9 +97,9 @@ def strata_frame(
         matrices = decide.score_matrices(sub)
         for method, by_seed in sub.items():
             seeds = sorted(by_seed)
-            acc = _ms([float(by_seed[s]["correct"].mean()) for s in seeds])
-            tools = _ms([float(by_seed[s]["tool_calls"].mean()) for s in seeds])
-            ks = _ms([_mean_k(by_seed[s]) for s in seeds])
+            acc = mean_std([float(by_seed[s]["correct"].mean()) for s in seeds])
+            tools = mean_std([float(by_seed[s]["tool_calls"].mean()) for s in seeds])
+            ks = mean_std([_mean_k(by_seed[s]) for s in seeds])
             row: dict[str, Any] = {
                 "method": method,
                 "stratum": label,
@@ -142,6 +139,7 @@ def strata_markdown(frame: pd.DataFrame, title: str) -> str:
     """The table as markdown: accuracy in percent ± std over seeds, gains with their 95% interval."""
     from benchmarks.report import to_markdown
 
+    gains = frame.reindex(columns=["gain", "gain_low", "gain_high", "gain_verdict"])  # NaN: no gain
     shown = pd.DataFrame(
         {
             "method": frame["method"],
@@ -151,24 +149,16 @@ def strata_markdown(frame: pd.DataFrame, title: str) -> str:
                 f"{_pt(a)} ± {_pt(s)}" for a, s in zip(frame["accuracy"], frame["accuracy_std"], strict=True)
             ],
             "tool calls": [
-                f"{a:.2f} ± {s:.2f}"
+                format_mean_std(a, s, digits=2)
                 for a, s in zip(frame["tool_calls"], frame["tool_calls_std"], strict=True)
             ],
             "K": [
-                "-" if math.isnan(a) else f"{a:.2f} ± {s:.2f}"
+                "-" if math.isnan(a) else format_mean_std(a, s, digits=2)
                 for a, s in zip(frame["mean_k"], frame["mean_k_std"], strict=True)
             ],
             "gain over start (pt)": [
-                ""
-                if "gain" not in frame or pd.isna(g)
-                else f"{_pt(g, True)} [{_pt(lo, True)}, {_pt(hi, True)}] {v}"
-                for g, lo, hi, v in zip(
-                    frame.get("gain", pd.Series([np.nan] * len(frame))),
-                    frame.get("gain_low", pd.Series([np.nan] * len(frame))),
-                    frame.get("gain_high", pd.Series([np.nan] * len(frame))),
-                    frame.get("gain_verdict", pd.Series([""] * len(frame))),
-                    strict=True,
-                )
+                "" if pd.isna(g) else f"{_pt(g, True)} [{_pt(lo, True)}, {_pt(hi, True)}] {v}"
+                for g, lo, hi, v in gains.itertuples(index=False)
             ],
             "seeds": frame["seeds"],
         }
