@@ -79,9 +79,12 @@ RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
         {**_SEARCH, "steps": 2500},
         {**_SEARCH, "steps": 2500, "seed": 1, "lr": 1.5e-3, "save_dtype": "bfloat16"},
         {**_SEARCH, "steps": 2500, "seed": 2, "lr": 1.5e-3, "save_dtype": "bfloat16"},
+        # the third pass's loss was still falling: a fourth at a lower peak rate (README: each pass's EM)
+        {**_SEARCH, "steps": 2500, "seed": 3, "lr": 1e-3, "save_dtype": "bfloat16"},
     ),
-    # mini-search-worlds-sft plus one routed pass with five teacher searchers: its router sends 1..5
-    # (the search-worlds teacher played the parallel workflow only, so that warm start never routes)
+    # search-worlds' first three passes plus one routed pass with five teacher searchers: its router
+    # sends 1..5 (the search-worlds teacher played the parallel workflow only, so that warm start never
+    # routes); built before search-worlds had its fourth pass
     "search-worlds-routed": (
         {**_SEARCH, "steps": 2500},
         {**_SEARCH, "steps": 2500, "seed": 1, "lr": 1.5e-3, "save_dtype": "bfloat16"},
