@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchmarks.decide import START
 from benchmarks.metrics import bootstrap_ci, bootstrap_macro_ci, per_problem, seed_summary
 from benchmarks.report import _pyplot, _save_png, to_markdown, write_csv
 from srpo_common import atomic_write_text
@@ -160,7 +161,8 @@ def _check(runs: Sequence[EvalRun]) -> tuple[str, int, list[str], list[str]]:
         if (r.method, r.seed) in seen:
             raise ValueError(f"two runs of method {r.method!r} with seed {r.seed}")
         seen.add((r.method, r.seed))
-    methods = list(dict.fromkeys(r.method for r in runs))
+    # the start model first (a stable sort keeps the others' order): the table reads before -> after
+    methods = sorted(dict.fromkeys(r.method for r in runs), key=lambda m: m != START)
     return suites.pop(), ks.pop(), datasets, methods
 
 
