@@ -111,6 +111,9 @@ def load_runs(paths: Sequence[str | Path]) -> list[EvalRun]:
         )
     if not runs:
         raise FileNotFoundError(f"no eval.json under {', '.join(map(str, paths))}")
+    # the start model's runs first wherever its directory sorts (a stable sort keeps the others' order):
+    # every table built from these runs then reads before -> after
+    runs.sort(key=lambda r: r.method != START)
     return runs
 
 
@@ -161,8 +164,7 @@ def _check(runs: Sequence[EvalRun]) -> tuple[str, int, list[str], list[str]]:
         if (r.method, r.seed) in seen:
             raise ValueError(f"two runs of method {r.method!r} with seed {r.seed}")
         seen.add((r.method, r.seed))
-    # the start model first (a stable sort keeps the others' order): the table reads before -> after
-    methods = sorted(dict.fromkeys(r.method for r in runs), key=lambda m: m != START)
+    methods = list(dict.fromkeys(r.method for r in runs))
     return suites.pop(), ks.pop(), datasets, methods
 
 

@@ -95,8 +95,7 @@ def strata_frame(
             for m, by_seed in labelled.items()
         }
         matrices = decide.score_matrices(sub)
-        # the baseline first (a stable sort keeps the others' order): each hop reads before -> after
-        for method, by_seed in sorted(sub.items(), key=lambda item: item[0] != baseline):
+        for method, by_seed in sub.items():
             seeds = sorted(by_seed)
             acc = mean_std([float(by_seed[s]["correct"].mean()) for s in seeds])
             tools = mean_std([float(by_seed[s]["tool_calls"].mean()) for s in seeds])

@@ -123,13 +123,3 @@ def test_paper_k_defaults() -> None:
     assert SUITES["math"].default_k == 16 and SUITES["math-routed"].default_k == 16
     assert _eval_k("math", None) == 16 and _eval_k("quick-columns", None) == 2 and _eval_k("math", 4) == 4
 
-
-def test_the_start_model_heads_the_paper_table_whatever_order_the_runs_come_in() -> None:
-    """``bench report`` over several run directories meets the start model wherever its directory
-    sorts: its row still comes first, so the table reads before -> after; the others keep their order."""
-    from benchmarks.decide import START
-
-    data = {"d1": [[True, False], [False, False]]}
-    runs = [_run("srpo", 0, data), _run(START, 0, data), _run("grpo", 0, data)]
-    pt = paper_tables(runs, percent=False)
-    assert list(pt.tables["Avg@2"]["method"]) == [START, "srpo", "grpo"]
