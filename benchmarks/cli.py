@@ -363,7 +363,7 @@ def _print_decisions(decisions: Any, title: str, console: Any = None) -> None:
     """Every variant vs the reference (:mod:`benchmarks.decide`), whole, with how to read it."""
     from rich.table import Table
 
-    from benchmarks.decide import LEGEND, format_decisions
+    from benchmarks.decide import format_decisions, legend
     from benchmarks.report import make_console
 
     if decisions is None or decisions.empty:
@@ -371,9 +371,7 @@ def _print_decisions(decisions: Any, title: str, console: Any = None) -> None:
     shown = format_decisions(decisions)
     table = Table(
         title=f"{title}: decisions (each variant vs the method in 'vs')",
-        caption=LEGEND.format(
-            margin=100 * float(decisions.iloc[0]["margin"]), seeds=int(decisions["n_seeds"].max())
-        ),
+        caption=legend(decisions),
     )
     for col in shown.columns:
         table.add_column(str(col), justify="left" if col in ("variant", "vs", "verdict") else "right")

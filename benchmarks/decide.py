@@ -672,7 +672,7 @@ def decision_table(
 #: How to read a decision table (``.format(margin=points, seeds=n)``), printed under every one.
 LEGEND = (
     "Δ = variant - reference, macro score in points (each dataset weighs the same), mean over {seeds} "
-    "training seed(s) paired by seed and problem; 95% CI: two-level bootstrap-t (training seeds, then "
+    "paired by seed and problem; 95% CI: two-level bootstrap-t (training seeds, then "
     "problems by dataset); P(A>B): probability of improvement over seed pairs; verdict: better/worse "
     "when the CI excludes 0, equivalent when it lies inside ±{margin:g} pt, else undecided; MDE: the "
     "smallest true Δ this design detects with 80% power."
@@ -791,13 +791,25 @@ def write_decisions(decisions: pd.DataFrame, out: str | Path, title: str) -> dic
     }
 
 
+def legend(decisions: pd.DataFrame) -> str:
+    """How to read ``decisions``' rows (:data:`LEGEND`): the seed count is one number when every row
+    has it, else the range and a pointer to the ``seeds`` column (rows merged from runs with different
+    seed lists do not share one)."""
+    counts = sorted({int(n) for n in decisions["n_seeds"]})
+    seeds = (
+        f"{counts[0]} training seed(s)"
+        if len(counts) == 1
+        else f"{counts[0]}-{counts[-1]} training seeds (each row's in its seeds column)"
+    )
+    return LEGEND.format(margin=100 * float(decisions.iloc[0]["margin"]), seeds=seeds)
+
+
 def decisions_markdown(decisions: pd.DataFrame, title: str) -> str:
     """The decision table as markdown, with the margin, level and what MDE means spelled out."""
     from benchmarks.report import to_markdown
 
     parts = []
     for reference, rows in decisions.groupby("reference", sort=False):
-        first = rows.iloc[0]
         what = (
             f"what training gained over the {reference}"
             if reference == START
@@ -807,7 +819,7 @@ def decisions_markdown(decisions: pd.DataFrame, title: str) -> str:
             f"## {title}: {what}\n\n"
             + to_markdown(format_decisions(rows.reset_index(drop=True)))
             + "\n\n"
-            + LEGEND.format(margin=100 * float(first["margin"]), seeds=int(first["n_seeds"]))
+            + legend(rows)
             + "\n"
         )
     return "\n".join(parts)

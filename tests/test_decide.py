@@ -208,6 +208,20 @@ def test_few_seeds_get_a_t_interval_not_a_degenerate_bootstrap() -> None:
     assert hits / 200 >= 0.92
 
 
+def test_legend_states_each_rows_seed_count_when_rows_differ() -> None:
+    """Rows merged from runs with different seed lists (SRPO's five, GRPO's three) must not be read
+    as all five: the legend states one count only when every row has it."""
+    rng = np.random.default_rng(3)
+    rows = [
+        D.decide(*simulate(rng, seeds=s), variant=name, reference=D.START, n_resamples=200).row()
+        for name, s in (("srpo", 5), ("grpo", 3))
+    ]
+    md = D.decisions_markdown(pd.DataFrame(rows), "t")
+    assert "mean over 3-5 training seeds" in md and "5 training seed(s)" not in md
+    one = D.decisions_markdown(pd.DataFrame(rows[:1]), "t")
+    assert "mean over 5 training seed(s)" in one
+
+
 def _samples(scores: Sequence[Sequence[int]], dataset_sizes: Sequence[int]) -> pd.DataFrame:
     rows = []
     p = 0
