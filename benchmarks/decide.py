@@ -669,7 +669,7 @@ def decision_table(
     ]
 
 
-#: How to read a decision table (``.format(margin=points, seeds=n)``), printed under every one.
+#: How to read a decision table, printed under every one; :func:`legend` fills in the margin and the seeds.
 LEGEND = (
     "Δ = variant - reference, macro score in points (each dataset weighs the same), mean over {seeds} "
     "paired by seed and problem; 95% CI: two-level bootstrap-t (training seeds, then "
