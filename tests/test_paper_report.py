@@ -122,4 +122,3 @@ def test_paper_k_defaults() -> None:
 
     assert SUITES["math"].default_k == 16 and SUITES["math-routed"].default_k == 16
     assert _eval_k("math", None) == 16 and _eval_k("quick-columns", None) == 2 and _eval_k("math", 4) == 4
-

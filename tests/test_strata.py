@@ -130,12 +130,11 @@ def test_bench_report_writes_the_hop_table_of_saved_search_runs(tmp_path) -> Non
             (out / "eval.json").write_text(json.dumps(summary))
     res = CliRunner().invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "rep")])
     assert res.exit_code == 0, res.output
-    frame = pd.read_csv(tmp_path / "rep" / "by_hop.csv").set_index(["method", "stratum"])
+    by_hop = pd.read_csv(tmp_path / "rep" / "by_hop.csv")
+    frame = by_hop.set_index(["method", "stratum"])
     assert frame.loc[("srpo", "1-hop"), "gain"] > 0.3 and abs(frame.loc[("srpo", "2-hop"), "gain"]) < 0.1
     assert "held-out results by hop" in res.output
     # the start model's directory sorts after srpo's, yet every table reads before -> after
-    by_hop = pd.read_csv(tmp_path / "rep" / "by_hop.csv")
     assert all(list(rows["method"]) == [START, "srpo"] for _, rows in by_hop.groupby("stratum"))
     paper = res.output[res.output.index("| method |") :]
     assert paper.index(f"| {START} |") < paper.index("| srpo |")
-
