@@ -436,6 +436,13 @@ def _run_compare(
     return result
 
 
+def _training_env_kwargs(suite: str, items: list[str] | None) -> dict[str, Any]:
+    """The training env's kwargs a decision run replaces: the suite's decision worlds
+    (:data:`benchmarks.presets.DECISION_ENV_KWARGS`), then each ``--env-kwarg KEY=VALUE`` over them
+    (e.g. ``kb_seed=[3,...,66]``: more training worlds). Evaluation keeps the suite's held-out split."""
+    return {**presets.DECISION_ENV_KWARGS.get(suite, {}), **_parse_env_kwargs(items)}
+
+
 def _train_overrides(
     suite: str,
     iterations: int | None,
@@ -500,6 +507,10 @@ _ROWS_HELP = "rows per minibatch (an iteration's rows / this = optimizer steps; 
 _EPOCHS_HELP = "passes over each rollout batch (> 1: off-policy updates; default: the suite's preset)"
 _MINIBATCHES_HELP = "split each rollout batch into this many minibatches (overrides --rows-per-batch)"
 _CLIP_HELP = "ratio clip range shared by every variant (default: TrainConfig's 0.2)"
+_TRAIN_ENV_KWARG_HELP = (
+    "training env kwarg KEY=VALUE over the suite's (repeatable; VALUE is JSON when it parses, e.g. "
+    "kb_seed=[3,4,5]); evaluation stays on the suite's held-out split"
+)
 _WORKERS_HELP = (
     "train/evaluate this many runs at a time as Ray tasks, each with an equal share of the cores "
     "(0: one after another in this process)"
@@ -556,6 +567,7 @@ def compare_cmd(
     epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
     minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
     clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
+    env_kwarg: list[str] | None = typer.Option(None, "--env-kwarg", help=_TRAIN_ENV_KWARG_HELP),
     workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
     reference: str | None = typer.Option(None, help=_REFERENCE_HELP),
@@ -591,7 +603,7 @@ def compare_cmd(
         workers,
         ray_address,
         reference,
-        env_kwargs=presets.DECISION_ENV_KWARGS.get(suite),
+        env_kwargs=_training_env_kwargs(suite, env_kwarg),
     )
 
 
@@ -613,6 +625,7 @@ def ablation_cmd(
     epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
     minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
     clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
+    env_kwarg: list[str] | None = typer.Option(None, "--env-kwarg", help=_TRAIN_ENV_KWARG_HELP),
     workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
     reference: str | None = typer.Option(None, help="variant the others are compared with (default: sqrt)"),
@@ -644,7 +657,7 @@ def ablation_cmd(
         workers,
         ray_address,
         reference,
-        env_kwargs=presets.DECISION_ENV_KWARGS.get(suite),
+        env_kwargs=_training_env_kwargs(suite, env_kwarg),
     )
 
 

@@ -141,3 +141,21 @@ def test_the_main_job_runs_routed_columns_and_search_each_with_its_seeds(
     res = CliRunner().invoke(cli.app, ["quick", "--out", str(tmp_path), "--seeds", "3,4,5"])
     assert res.exit_code == 0, res.output
     assert [seeds for _, seeds, _ in runs] == [[3, 4, 5], [3, 4, 5]]
+
+
+@pytest.mark.parametrize("command", ["compare", "ablation"])
+def test_env_kwarg_replaces_the_decision_worlds_of_training_only(
+    command: str, captured: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """``--env-kwarg kb_seed=[...]`` trains in other worlds than the preset's 16; the other training env
+    kwargs stay, and a malformed pair is a usage error before anything runs."""
+    base = [command, "--model", SEARCH_MODEL, "--suite", "quick-search", "--out", str(tmp_path)]
+    res = CliRunner().invoke(cli.app, [*base, "--env-kwarg", "kb_seed=[3,4,5]", "--env-kwarg", "max_turns=2"])
+    assert isinstance(res.exception, _Captured), res.output
+    suite_env = presets.TRAINING_ENVS["quick-search"].env_kwargs
+    assert captured[0]["env_kwargs"] == {**suite_env, "kb_seed": [3, 4, 5], "max_turns": 2}
+    res = CliRunner().invoke(cli.app, base)
+    assert captured[1]["env_kwargs"] == {**suite_env, **presets.DECISION_ENV_KWARGS["quick-search"]}
+    res = CliRunner().invoke(cli.app, [*base, "--env-kwarg", "kb_seed"])
+    assert res.exit_code == 2 and len(captured) == 2, res.output
+    assert "KEY=VALUE" in res.output
