@@ -23,6 +23,7 @@ measures answering unseen questions about seen passages; use another seed for an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from dataclasses import dataclass, field
@@ -213,6 +214,23 @@ def make_knowledge_base(
         raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
     if max_hops not in (1, 2):
         raise ValueError("max_hops must be 1 or 2")
+    corpus, tasks = _cached_world(int(n_entities), int(seed), split, int(max_hops))
+    return list(corpus), list(tasks)
+
+
+#: Worlds kept built per process. Why: a rollout makes one env per sample and every env of a pooled
+#: ``kb_seed`` list loads every world (64 worlds: ~0.7 s and ~35 MB per env, gigabytes over a
+#: rollout's envs); cached, the envs share one copy of each world's frozen passages and tasks.
+#: 256 worlds hold ~150 MB; a warm start drawing from 1,024 worlds rebuilds the ones it evicted.
+KB_CACHE_WORLDS = 256
+
+
+@functools.lru_cache(maxsize=KB_CACHE_WORLDS)
+def _cached_world(
+    n_entities: int, seed: int, split: str, max_hops: int
+) -> tuple[tuple[Passage, ...], tuple[QATask, ...]]:
+    """One world's ``(corpus, tasks)`` as immutable tuples (:func:`make_knowledge_base` hands out list
+    copies, so a caller's list edits never reach another caller)."""
     w = _build_world(n_entities, seed)
     pid: dict[str, str] = {}
     for kind, names in (
@@ -239,4 +257,4 @@ def make_knowledge_base(
             "kb_size": n_entities,
         }
         tasks.append(QATask(f"kb{seed}-n{n_entities}-q{i}", question, (answer,), "procedural_kb", meta))
-    return corpus, tasks
+    return tuple(corpus), tuple(tasks)
