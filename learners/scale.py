@@ -91,7 +91,9 @@ class ScaleOut:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self.cfg = trainer.cfg
-        self.dist: DistContext = init_distributed(trainer.device, timeout_s=getattr(self.cfg, "dist_timeout", None))
+        self.dist: DistContext = init_distributed(
+            trainer.device, timeout_s=getattr(self.cfg, "dist_timeout", None)
+        )
         self.pool: Any = None
         self.rollout_policies: PolicyMap | None = None
         self._synced: list[int] | None = None
@@ -107,9 +109,12 @@ class ScaleOut:
 
     # ------------------------------------------------------------------ device
     def rank_device(self, device: torch.device) -> torch.device:
-        """Under a multi-GPU launch every rank takes its ``LOCAL_RANK`` GPU (``cuda`` without index)."""
-        if self.dist.enabled and device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", self.dist.local_rank)
+        """Under a multi-GPU launch every rank takes its ``LOCAL_RANK`` GPU (``cuda`` without index); one
+        process takes the current GPU. Always with an index: ``torch.cuda.set_device`` refuses a bare
+        ``cuda`` in some torch releases (2.11 raised "Expected a torch.device with a specified index")."""
+        if device.type == "cuda" and device.index is None:
+            index = self.dist.local_rank if self.dist.enabled else torch.cuda.current_device()
+            device = torch.device("cuda", index)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         return device
@@ -278,7 +283,9 @@ class ScaleOut:
         trainer, cfg = self.trainer, self.cfg
         for r in batch.rows:  # e.g. a server that returned text without token ids (agents.openai_policy)
             if r.meta.get("evaluation_only"):
-                raise ValueError(f"these rollouts are evaluation-only and cannot train: {r.meta['evaluation_only']}")
+                raise ValueError(
+                    f"these rollouts are evaluation-only and cannot train: {r.meta['evaluation_only']}"
+                )
         rows, refused = refuse_stale_events(
             batch.rows, lambda r: int(trainer.policies[r.role].policy_version), max_lag=0
         )

@@ -122,3 +122,31 @@ def test_weights_are_pushed_once_per_update(learner_and_batch) -> None:
     scale.sync_weights()
     assert [v for v, _ in engine.pushes] == [policy.policy_version - 1, policy.policy_version]
     assert engine.pushes[1][1] != engine.pushes[0][1]  # the new weights, not the old ones
+
+
+@pytest.mark.parametrize(("world_size", "local_rank", "current", "expected"), [(1, 0, 3, 3), (4, 2, 0, 2)])
+def test_a_bare_cuda_device_gets_an_index_before_set_device(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, local_rank: int, current: int, expected: int
+) -> None:
+    """``--device cuda`` on one GPU: torch 2.11's ``set_device`` refuses a device without an index
+    ("Expected a torch.device with a specified index"), which stopped every single-GPU run on an H200.
+    The device is given its index first: the current GPU alone, the ``LOCAL_RANK`` one under a launch."""
+    from learners.distributed import DistContext
+    from learners.scale import ScaleOut
+
+    seen: list[torch.device] = []
+
+    def strict_set_device(device: torch.device) -> None:
+        if device.index is None:
+            raise ValueError(
+                f"Expected a torch.device with a specified index or an integer, but got:{device}"
+            )
+        seen.append(device)
+
+    monkeypatch.setattr(torch.cuda, "set_device", strict_set_device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    scale = object.__new__(ScaleOut)
+    scale.dist = DistContext(rank=local_rank, world_size=world_size, local_rank=local_rank)
+    assert scale.rank_device(torch.device("cuda")) == torch.device("cuda", expected)
+    assert seen == [torch.device("cuda", expected)]
+    assert scale.rank_device(torch.device("cpu")) == torch.device("cpu") and len(seen) == 1
