@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 
 from benchmarks.perf.bench_memory import measure
 
@@ -20,3 +22,19 @@ def test_memory_of_a_job_includes_its_children() -> None:
     assert 0.24 < out["largest_rss_gb"] < 0.5
     assert out["peak_summed_pss_gb"] > 0.38
     assert len(out["at_peak"]) >= 2
+
+
+def test_a_ray_cluster_running_before_the_job_is_not_the_jobs() -> None:
+    """A process that looks like a Ray worker (``ray::`` in its command line) but was running before the
+    job started belongs to another job (a comparison training beside it) and is not counted."""
+    hold = "import sys, time; b = bytearray(600 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"
+    foreign = subprocess.Popen([sys.executable, "-c", hold, "ray::train_and_evaluate"])
+    try:
+        time.sleep(1.5)  # its 600 MB are resident before the job starts
+        out = measure([sys.executable, "-c", "import time; a = bytearray(50 * 2**20); time.sleep(1.5)"], 0.2)
+    finally:
+        foreign.kill()
+        foreign.wait()
+    assert out["returncode"] == 0
+    assert out["largest_rss_gb"] < 0.3, out
+    assert out["peak_summed_pss_gb"] < 0.3, out

@@ -6,8 +6,9 @@
 Why not ``/usr/bin/time -v``: its "maximum resident set size" is the largest of the command and the
 children it waited for, and Ray's workers are children of Ray's raylet, not of the command, so a job
 that trains in Ray tasks looks as small as its driver. This runs the command, samples every
-``--interval`` seconds the command's process tree plus any Ray process (``ray::`` workers, raylet, GCS)
-and prints: the wall time, the largest single process's RSS, and the peak over samples of the summed
+``--interval`` seconds the command's process tree plus the Ray processes (``ray::`` workers, raylet, GCS)
+started since the command was (an older Ray cluster is another job's), and prints: the wall time, the
+largest single process's RSS, and the peak over samples of the summed
 PSS (proportional set size: shared library pages split between the processes that map them, so the
 sum is what the job really holds; summed RSS counts torch's libraries once per process) with the
 biggest processes at that peak. Sampling can miss a spike shorter than the interval. Exit status: the
@@ -27,13 +28,18 @@ GB = 1024**3
 
 
 def _job_processes(root: Any, psutil: Any) -> list[Any]:
+    """The command's process tree plus the Ray processes started since the command was (a Ray cluster
+    that was already running belongs to another job: counting it once made a 400 MB test job weigh 1.3 GB
+    while a comparison trained beside it)."""
     procs = [root]
     with contextlib.suppress(psutil.Error):  # the command exited between the poll and here
         procs += root.children(recursive=True)
     seen = {p.pid for p in procs}
-    for p in psutil.process_iter(["cmdline"]):
+    since = root.create_time()
+    for p in psutil.process_iter(["cmdline", "create_time"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if p.pid not in seen and ("ray::" in cmd or "/ray/" in cmd or "raylet" in cmd or "gcs_server" in cmd):
+        is_ray = "ray::" in cmd or "/ray/" in cmd or "raylet" in cmd or "gcs_server" in cmd
+        if p.pid not in seen and is_ray and (p.info["create_time"] or 0.0) >= since:
             procs.append(p)
     return procs
 
@@ -71,7 +77,9 @@ def measure(command: list[str], interval: float = 1.0) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the job, after --")
     args = parser.parse_args(argv)
