@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import srpo_envs
 
 
 def _rss_gb() -> float:
-    with open("/proc/self/statm") as fh:
-        pages = int(fh.read().split()[1])
-    return pages * 4096 / 2**30
+    """This process's resident memory now (not its peak: the per-env cost is a difference)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**30
 
 
 def main() -> None:
@@ -31,14 +33,15 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=128, help="envs to make (one per rollout sample)")
     args = parser.parse_args()
     seeds = list(range(3, 3 + args.worlds))
+
+    def make() -> Any:
+        return srpo_envs.make("MultiTurnSearch-v0", dataset="kb", kb_seed=seeds, workflow="parallel")
+
     base = _rss_gb()
     t0 = time.perf_counter()
-    envs = [srpo_envs.make("MultiTurnSearch-v0", dataset="kb", kb_seed=seeds, workflow="parallel")]
+    envs = [make()]
     t1, first = time.perf_counter(), _rss_gb()
-    envs += [
-        srpo_envs.make("MultiTurnSearch-v0", dataset="kb", kb_seed=seeds, workflow="parallel")
-        for _ in range(args.envs - 1)
-    ]
+    envs += [make() for _ in range(args.envs - 1)]
     t2, last = time.perf_counter(), _rss_gb()
     rest = max(1, args.envs - 1)
     print(f"{args.worlds} worlds, {len(envs[0].unwrapped.tasks)} training questions per env")
