@@ -43,7 +43,12 @@ def train_command(
         typer.Option(help="env workflow (default: the env's own, e.g. routed for MathVerify-Routed-v0)"),
     ] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="continue from OUT/checkpoint/ (an error if there is none)")
+        bool,
+        typer.Option(
+            "--resume",
+            help="continue from OUT/checkpoint/ (an error if there is none); with a larger --iterations a "
+            "finished run trains on",
+        ),
     ] = False,
     plan_only: Annotated[
         bool,

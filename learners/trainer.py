@@ -89,6 +89,11 @@ LAYOUT_FIELDS = (
     "rollout_workers", "ray_address", "dp_engine", "out_dir", "vllm_gpu_memory_utilization", "vllm_sleep",
     "vllm_enforce_eager", "dist_timeout", "rollout_timeout", "memory_check", "base_url",
 )  # fmt: skip
+#: Where a run stops, not what an iteration computes: a checkpoint at iteration N resumes under any
+#: ``iterations`` >= N, so a finished run whose curve still rises is continued instead of restarted
+#: (the learning rate schedule is a warmup only and every random draw is seeded from (seed, iteration),
+#: so training 128 then resuming to 256 is bit-identical on CPU to training 256 at once).
+EXTENDABLE_FIELDS = ("iterations",)
 
 
 @dataclass
@@ -1060,12 +1065,20 @@ class Trainer:
         except (TypeError, ValueError) as exc:
             where = path or self.out
             raise ckpt.CheckpointError(f"checkpoint in {where} has an invalid config: {exc}") from None
-        old, new = ({k: v for k, v in asdict(c).items() if k not in LAYOUT_FIELDS} for c in (saved, self.cfg))
+        old, new = (
+            {k: v for k, v in asdict(c).items() if k not in LAYOUT_FIELDS + EXTENDABLE_FIELDS}
+            for c in (saved, self.cfg)
+        )
         if old != new:
             diff = {k for k in old if old[k] != new[k]}
             raise ckpt.CheckpointConfigError(
                 f"checkpoint in {path or self.out} was written with a different config (differs in "
                 f"{sorted(diff)}); resume with the same options, or train without --resume"
+            )
+        if self.cfg.iterations < int(state["iteration"]):
+            raise ckpt.CheckpointConfigError(
+                f"checkpoint in {path or self.out} is at iteration {state['iteration']}, past --iterations "
+                f"{self.cfg.iterations}; resume with --iterations >= {state['iteration']}"
             )
         self.scale.load_model_states(state["models"])  # full weights; each FSDP2 rank keeps its shard
         for pol, version in zip(self.policies.policies, state["policy_versions"], strict=True):

@@ -243,6 +243,29 @@ def test_resume_after_a_kill_is_bit_identical_and_trims_metrics(
     assert all(torch.equal(wa["model0"][k], wb["model0"][k]) for k in wa["model0"])
 
 
+def test_a_finished_run_resumed_with_more_iterations_trains_on_as_one_longer_run(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """2 iterations, then --resume with iterations=3: bit-identical to 3 iterations at once; resuming
+    a checkpoint past the requested iterations is an error that leaves the run alone."""
+    full = train(checkpoint_run_config(tiny_model_dir, tmp_path / "full", iterations=3), log=None)
+    run = tmp_path / "extended"
+    train(checkpoint_run_config(tiny_model_dir, run, iterations=2), log=None)
+    logs: list[str] = []
+    extended = train(checkpoint_run_config(tiny_model_dir, run, iterations=3), resume=True, log=logs.append)
+    assert "resumed srpo from iteration 2" in logs
+    assert [h["iteration"] for h in extended] == [1, 2, 3] == _iterations(run)
+    drop = ("rollout_s", "update_s")
+    assert [{k: v for k, v in h.items() if k not in drop} for h in extended] == [
+        {k: v for k, v in h.items() if k not in drop} for h in full
+    ]
+    wa, wb = load_checkpoint(tmp_path / "full")["models"], load_checkpoint(run)["models"]
+    assert all(torch.equal(wa["model0"][k], wb["model0"][k]) for k in wa["model0"])
+    with pytest.raises(ckpt.CheckpointConfigError, match=r"at iteration 3, past --iterations 2"):
+        train(checkpoint_run_config(tiny_model_dir, run, iterations=2), resume=True, log=None)
+    assert _iterations(run) == [1, 2, 3] and load_checkpoint(run)["iteration"] == 3
+
+
 def test_pickle_checkpoint_in_the_run_dir_never_executes(tiny_model_dir: Path, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
 
