@@ -380,6 +380,12 @@ def _print_decisions(decisions: Any, title: str, console: Any = None) -> None:
     (console or make_console()).print(table)
 
 
+_KEEP_CHECKPOINTS_HELP = (
+    "Keep each run's last checkpoint (~30 MB per run for the tiny models): rerunning the same command with "
+    "a larger --iterations in the same --out continues every run instead of starting over."
+)
+
+
 def _run_compare(
     model: Path | str,
     out: Path,
@@ -394,6 +400,7 @@ def _run_compare(
     ray_address: str | None = None,
     reference: str | None = None,
     env_kwargs: dict[str, Any] | None = None,
+    keep_checkpoints: bool = False,
 ) -> Any:
     """One comparison; ``env_kwargs`` replace keys of the suite's training env (decision runs: more worlds)."""
     from benchmarks.compare import CompareConfig, reference_of, run_comparison
@@ -419,6 +426,7 @@ def _run_compare(
         workers=workers,
         ray_address=ray_address,
         reference=reference,
+        keep_checkpoints=keep_checkpoints,
     )
     if len(variants) > 1:
         try:  # a typo in --reference fails now, not after the runs
@@ -571,6 +579,7 @@ def compare_cmd(
     workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
     reference: str | None = typer.Option(None, help=_REFERENCE_HELP),
+    keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help=_KEEP_CHECKPOINTS_HELP),
 ) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy; decide each
     algorithm against the reference (decisions.md / decisions.csv)."""
@@ -604,6 +613,7 @@ def compare_cmd(
         ray_address,
         reference,
         env_kwargs=_training_env_kwargs(suite, env_kwarg),
+        keep_checkpoints=keep_checkpoints,
     )
 
 
@@ -629,6 +639,7 @@ def ablation_cmd(
     workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
     reference: str | None = typer.Option(None, help="variant the others are compared with (default: sqrt)"),
+    keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help=_KEEP_CHECKPOINTS_HELP),
 ) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1, each decided against
     the reference (decisions.md / decisions.csv)."""
@@ -658,6 +669,7 @@ def ablation_cmd(
         ray_address,
         reference,
         env_kwargs=_training_env_kwargs(suite, env_kwarg),
+        keep_checkpoints=keep_checkpoints,
     )
 
 

@@ -23,7 +23,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,9 @@ class CompareConfig:
     # the variant every other one is compared with (None: srpo, else sqrt, else the first variant)
     reference: str | None = None
     margin: float = decide.MARGIN  # a difference inside +-margin (macro score units) is "equivalent"
+    # keep each run's last checkpoint (weights, optimizer, RNG: ~30 MB for the tiny models); a rerun in
+    # the same out_dir with more iterations continues every run from it instead of starting over
+    keep_checkpoints: bool = False
 
 
 @dataclass
@@ -218,9 +221,16 @@ def train_and_evaluate(
         max_new_tokens=cfg.max_new_tokens,
         **{"eval_every": 0, "save_every": 0, **cfg.train, **overrides},
     )
+    if cfg.keep_checkpoints:  # one checkpoint, after the last iteration
+        train_cfg = replace(train_cfg, save_every=train_cfg.iterations)
     trainer = Trainer(train_cfg, log=None)
-    if trainer.metrics_path.exists():
-        trainer.metrics_path.unlink()
+    if cfg.keep_checkpoints and ckpt.find_checkpoint(trainer.out) is not None:
+        # another config (not just more iterations) or a checkpoint past --iterations is an error
+        trainer.load_checkpoint()
+    else:
+        if trainer.metrics_path.exists():
+            trainer.metrics_path.unlink()
+        ckpt.remove_checkpoints(trainer.out)  # a kept one of other settings must not be resumed later
     history = trainer.train()
     t1 = time.perf_counter()
     metrics = ckpt.read_metrics(trainer.metrics_path)  # what the run logged, one row per iteration

@@ -87,7 +87,7 @@ DTYPES = ("float32", "bfloat16", "float64")
 #: (and under any world size: checkpoints hold the full state; a moved run directory resumes).
 LAYOUT_FIELDS = (
     "rollout_workers", "ray_address", "dp_engine", "out_dir", "vllm_gpu_memory_utilization", "vllm_sleep",
-    "vllm_enforce_eager", "dist_timeout", "rollout_timeout", "memory_check", "base_url",
+    "vllm_enforce_eager", "dist_timeout", "rollout_timeout", "memory_check", "base_url", "save_every",
 )  # fmt: skip
 #: Where a run stops, not what an iteration computes: a checkpoint at iteration N resumes under any
 #: ``iterations`` >= N, so a finished run whose curve still rises is continued instead of restarted

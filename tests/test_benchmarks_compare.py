@@ -144,3 +144,39 @@ def test_ray_workers_give_the_same_comparison_as_one_process(tiny_model_dir: Pat
     assert here.runs[cols].equals(ray.runs[cols])
     assert here.curves.equals(ray.curves)
     assert [r.metrics for r in here.records] == [r.metrics for r in ray.records]
+
+
+def test_kept_checkpoints_let_a_rerun_with_more_iterations_continue_each_run(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``keep_checkpoints``: 1 iteration, then the same comparison at 2 iterations continues the run
+    (its curve and evaluation equal a 2-iteration run's); other settings are refused, not resumed."""
+    from dataclasses import replace
+
+    from benchmarks.compare import train_and_evaluate
+    from learners.checkpoint import CheckpointConfigError, find_checkpoint
+
+    def config(out: Path, iterations: int, **train: object) -> CompareConfig:
+        return CompareConfig(
+            model=str(tiny_model_dir),
+            out_dir=str(out),
+            variants={"srpo": {"algo": "srpo"}},
+            seeds=(0,),
+            train={"iterations": iterations, "tasks_per_iter": 2, "group_size": 2, "lr": 5e-3, **train},
+            eval_k=2,
+            eval_limit=3,
+            max_new_tokens=8,
+            keep_checkpoints=True,
+        )
+
+    whole = train_and_evaluate(replace(config(tmp_path / "whole", 2), keep_checkpoints=False), "srpo", {}, 0)
+    first = train_and_evaluate(config(tmp_path / "kept", 1), "srpo", {}, 0)
+    assert find_checkpoint(tmp_path / "kept" / "runs" / "srpo-s0") is not None
+    assert [c["iteration"] for c in first.curves] == [1]
+    longer = train_and_evaluate(config(tmp_path / "kept", 2), "srpo", {}, 0)
+    assert longer.curves == whole.curves and [c["iteration"] for c in longer.curves] == [1, 2]
+    assert longer.run["after"] == whole.run["after"]
+    assert longer.result.samples.equals(whole.result.samples)
+    assert not (tmp_path / "whole" / "runs" / "srpo-s0" / "checkpoint").exists()
+    with pytest.raises(CheckpointConfigError, match=r"differs in \['lr'\]"):
+        train_and_evaluate(config(tmp_path / "kept", 3, lr=1e-3), "srpo", {}, 0)
