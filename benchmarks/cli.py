@@ -386,6 +386,13 @@ _KEEP_CHECKPOINTS_HELP = (
 )
 
 
+_CONTINUE_FROM_HELP = (
+    "A finished comparison (its --out) of the same settings but fewer iterations: each run starts from its "
+    "run of the same variant and seed there (exported weights, fresh AdamW moments) and trains the "
+    "iterations after it; gains are still measured against --model."
+)
+
+
 def _run_compare(
     model: Path | str,
     out: Path,
@@ -401,6 +408,7 @@ def _run_compare(
     reference: str | None = None,
     env_kwargs: dict[str, Any] | None = None,
     keep_checkpoints: bool = False,
+    continue_from: Path | None = None,
 ) -> Any:
     """One comparison; ``env_kwargs`` replace keys of the suite's training env (decision runs: more worlds)."""
     from benchmarks.compare import CompareConfig, reference_of, run_comparison
@@ -427,7 +435,17 @@ def _run_compare(
         ray_address=ray_address,
         reference=reference,
         keep_checkpoints=keep_checkpoints,
+        continue_from=str(continue_from) if continue_from is not None else None,
     )
+    if continue_from is not None:
+        from benchmarks.compare import continuation_of
+
+        try:  # a wrong source fails now, not after the start model's evaluation
+            for name in variants:
+                for seed in seeds:
+                    continuation_of(cfg, name, seed)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--continue-from") from None
     if len(variants) > 1:
         try:  # a typo in --reference fails now, not after the runs
             reference_of(list(variants), reference)
@@ -580,6 +598,7 @@ def compare_cmd(
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
     reference: str | None = typer.Option(None, help=_REFERENCE_HELP),
     keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help=_KEEP_CHECKPOINTS_HELP),
+    continue_from: Path | None = typer.Option(None, "--continue-from", help=_CONTINUE_FROM_HELP),
 ) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy; decide each
     algorithm against the reference (decisions.md / decisions.csv)."""
@@ -614,6 +633,7 @@ def compare_cmd(
         reference,
         env_kwargs=_training_env_kwargs(suite, env_kwarg),
         keep_checkpoints=keep_checkpoints,
+        continue_from=continue_from,
     )
 
 
@@ -640,6 +660,7 @@ def ablation_cmd(
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
     reference: str | None = typer.Option(None, help="variant the others are compared with (default: sqrt)"),
     keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help=_KEEP_CHECKPOINTS_HELP),
+    continue_from: Path | None = typer.Option(None, "--continue-from", help=_CONTINUE_FROM_HELP),
 ) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1, each decided against
     the reference (decisions.md / decisions.csv)."""
@@ -670,6 +691,7 @@ def ablation_cmd(
         reference,
         env_kwargs=_training_env_kwargs(suite, env_kwarg),
         keep_checkpoints=keep_checkpoints,
+        continue_from=continue_from,
     )
 
 

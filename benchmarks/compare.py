@@ -74,6 +74,10 @@ class CompareConfig:
     # keep each run's last checkpoint (weights, optimizer, RNG: ~30 MB for the tiny models); a rerun in
     # the same out_dir with more iterations continues every run from it instead of starting over
     keep_checkpoints: bool = False
+    # a finished comparison (its out_dir) of the same settings but fewer iterations: each run starts from
+    # that comparison's exported weights of the same variant and seed at its last iteration and draws the
+    # tasks and seeds of the iterations after it; AdamW's moments start at zero (exports keep none)
+    continue_from: str | None = None
 
 
 @dataclass
@@ -197,6 +201,42 @@ class RunOutput:
     result: EvalResult
 
 
+#: CompareConfig fields a continuation may change; every other one must equal the source comparison's
+_CONTINUATION_FREE = ("out_dir", "seeds", "variants", "workers", "ray_address", "reference", "margin",
+                      "keep_checkpoints", "continue_from", "train")  # fmt: skip
+
+
+def continuation_of(cfg: CompareConfig, name: str, seed: int) -> tuple[int, Path]:
+    """``(iterations, run directory)`` of the run of ``name`` and ``seed`` in ``cfg.continue_from``.
+
+    A :class:`ValueError` (one line) unless that comparison ran the same suite, start model, env, eval
+    and training settings (iterations aside, which must be fewer than ours) and exported this run."""
+    src = Path(str(cfg.continue_from))
+    if src.resolve() == Path(cfg.out_dir).resolve():
+        raise ValueError(f"{src} is also the output directory: write the continuation to another one")
+    try:
+        theirs = json.loads((src / "compare_config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{src}: no compare_config.json (not a finished comparison to continue)") from None
+    ours = json.loads(json.dumps(asdict(cfg), default=str))
+    differ = sorted(k for k in ours if k not in _CONTINUATION_FREE and theirs.get(k) != ours[k])
+    their_train, our_train = dict(theirs.get("train", {})), dict(cfg.train)
+    before, after = their_train.pop("iterations", None), our_train.pop("iterations", None)
+    differ += sorted(
+        f"train.{k}" for k in set(their_train) | set(our_train) if their_train.get(k) != our_train.get(k)
+    )
+    if name in theirs.get("variants", {}) and theirs["variants"][name] != cfg.variants[name]:
+        differ.append(f"variants.{name}")
+    if differ:
+        raise ValueError(f"{src} was run with other settings (differs in {differ})")
+    if not isinstance(before, int) or not isinstance(after, int) or after <= before:
+        raise ValueError(f"{src} ran {before} iterations: continue it with --iterations > {before}")
+    run = src / "runs" / f"{name}-s{seed}"
+    if not (run / "final" / "config.json").is_file():
+        raise ValueError(f"{src}: no exported run of {name} seed {seed} ({run / 'final'})")
+    return before, run
+
+
 def train_and_evaluate(
     cfg: CompareConfig, name: str, overrides: Mapping[str, Any], seed: int, torch_threads: int = 0
 ) -> RunOutput:
@@ -211,8 +251,9 @@ def train_and_evaluate(
 
         torch.set_num_threads(torch_threads)
     t0 = time.perf_counter()
+    start, source = continuation_of(cfg, name, seed) if cfg.continue_from else (0, None)
     train_cfg = TrainConfig(
-        model=cfg.model,
+        model=str(source / "final") if source is not None else cfg.model,
         out_dir=str(Path(cfg.out_dir) / "runs" / f"{name}-s{seed}"),
         env_id=cfg.env_id,
         env_kwargs={"workflow": cfg.workflow, **cfg.env_kwargs},
@@ -231,6 +272,12 @@ def train_and_evaluate(
         if trainer.metrics_path.exists():
             trainer.metrics_path.unlink()
         ckpt.remove_checkpoints(trainer.out)  # a kept one of other settings must not be resumed later
+        if source is not None:  # the source run's curve up to where this one goes on
+            trainer.out.mkdir(parents=True, exist_ok=True)
+            for row in ckpt.read_metrics(source / "metrics.jsonl"):
+                if int(row["iteration"]) <= start:
+                    ckpt.append_metrics(trainer.metrics_path, row)
+            trainer.iteration = start
     history = trainer.train()
     t1 = time.perf_counter()
     metrics = ckpt.read_metrics(trainer.metrics_path)  # what the run logged, one row per iteration
@@ -312,6 +359,10 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     from agents.hf import HFPolicy
 
     say = log or (lambda s: None)
+    if cfg.continue_from:  # every run's source checked before the first minute is spent
+        for name in cfg.variants:
+            for seed in cfg.seeds:
+                continuation_of(cfg, name, seed)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     evals: dict[tuple[str, int], EvalResult] = {}

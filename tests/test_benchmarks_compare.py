@@ -180,3 +180,60 @@ def test_kept_checkpoints_let_a_rerun_with_more_iterations_continue_each_run(
     assert not (tmp_path / "whole" / "runs" / "srpo-s0" / "checkpoint").exists()
     with pytest.raises(CheckpointConfigError, match=r"differs in \['lr'\]"):
         train_and_evaluate(config(tmp_path / "kept", 3, lr=1e-3), "srpo", {}, 0)
+
+
+def test_a_comparison_continued_from_a_finished_one_trains_the_iterations_after_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``continue_from``: each run starts from the source run's export at its last iteration and draws
+    the next iterations' tasks and seeds. With lr 0 the weights never move, so the continuation's
+    iteration 2 must equal a 2-iteration run's (restarting the counter would replay iteration 1's
+    tasks); its curve starts with the source's rows. Other settings, too few iterations, a missing run
+    and writing over the source are refused before anything trains."""
+    from dataclasses import asdict, replace
+
+    from benchmarks.compare import continuation_of, train_and_evaluate
+
+    def config(out: Path, iterations: int, **train: object) -> CompareConfig:
+        return CompareConfig(
+            model=str(tiny_model_dir),
+            out_dir=str(out),
+            variants={"srpo": {"algo": "srpo"}},
+            seeds=(0,),
+            train={"iterations": iterations, "tasks_per_iter": 2, "group_size": 2, "lr": 0.0, **train},
+            eval_k=2,
+            eval_limit=3,
+            max_new_tokens=8,
+        )
+
+    drop = ("rollout_s", "update_s")
+
+    def rows(out: Path) -> list[dict]:
+        lines = (out / "runs" / "srpo-s0" / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if k not in drop} for x in lines]
+
+    whole_run = train_and_evaluate(config(tmp_path / "whole", 2), "srpo", {}, 0)
+    first = train_and_evaluate(config(tmp_path / "first", 1), "srpo", {}, 0)
+    # what run_comparison writes at its end
+    (tmp_path / "first" / "compare_config.json").write_text(
+        json.dumps(asdict(config(tmp_path / "first", 1)), default=str)
+    )
+    source_metrics = tmp_path / "first" / "runs" / "srpo-s0" / "metrics.jsonl"
+    marked = {**json.loads(source_metrics.read_text().splitlines()[0]), "source": "first"}
+    source_metrics.write_text(json.dumps(marked) + "\n")  # its row 1 is copied, not trained again
+    go_on = replace(config(tmp_path / "more", 2), continue_from=str(tmp_path / "first"))
+    assert continuation_of(go_on, "srpo", 0) == (1, tmp_path / "first" / "runs" / "srpo-s0")
+    more = train_and_evaluate(go_on, "srpo", {}, 0)
+    assert [c["iteration"] for c in more.curves] == [1, 2] and more.curves[0] == first.curves[0]
+    assert more.run["after"] == whole_run.run["after"]  # lr 0: the same weights evaluated
+    whole = rows(tmp_path / "whole")
+    assert whole[0] != {**whole[1], "iteration": 1}  # iteration 2 is not a replay of iteration 1
+    assert rows(tmp_path / "more") == [{**whole[0], "source": "first"}, whole[1]]
+    with pytest.raises(ValueError, match=r"differs in \['train.lr'\]"):
+        continuation_of(replace(go_on, train={**go_on.train, "lr": 1e-3}), "srpo", 0)
+    with pytest.raises(ValueError, match=r"ran 1 iterations: continue it with --iterations > 1"):
+        continuation_of(replace(go_on, train={**go_on.train, "iterations": 1}), "srpo", 0)
+    with pytest.raises(ValueError, match=r"no exported run of srpo seed 5"):
+        continuation_of(go_on, "srpo", 5)
+    with pytest.raises(ValueError, match=r"is also the output directory"):
+        continuation_of(replace(go_on, out_dir=str(tmp_path / "first")), "srpo", 0)

@@ -159,3 +159,36 @@ def test_env_kwarg_replaces_the_decision_worlds_of_training_only(
     res = CliRunner().invoke(cli.app, [*base, "--env-kwarg", "kb_seed"])
     assert res.exit_code == 2 and len(captured) == 2, res.output
     assert "KEY=VALUE" in res.output
+
+
+@pytest.mark.parametrize("command", ["compare", "ablation"])
+def test_continue_from_is_checked_before_anything_runs(
+    command: str, captured: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """``--continue-from`` a directory that is no finished comparison, or one of other settings, is a
+    usage error naming the difference; a matching one reaches the runs' config."""
+    out = tmp_path / "out"
+    base = [command, "--model", SEARCH_MODEL, "--suite", "quick-search", "--out", str(out), "--seeds", "0"]
+
+    def said(res: Any) -> str:  # the error box's text, unwrapped
+        return " ".join(res.output.replace("│", " ").split())
+
+    res = CliRunner().invoke(cli.app, [*base, "--continue-from", str(tmp_path / "none")])
+    assert res.exit_code == 2 and not captured and "no compare_config.json" in said(res), res.output
+    assert not out.exists()
+    res = CliRunner().invoke(cli.app, base)  # what a finished comparison of these settings wrote
+    source = tmp_path / "source"
+    cfg = dict(captured[0], out_dir=str(source))
+    (source / "runs").mkdir(parents=True)
+    (source / "compare_config.json").write_text(json.dumps(cfg, default=str))
+    for name in cfg["variants"]:
+        (source / "runs" / f"{name}-s0" / "final").mkdir(parents=True)
+        (source / "runs" / f"{name}-s0" / "final" / "config.json").write_text("{}")
+    more = cfg["train"]["iterations"] * 2
+    res = CliRunner().invoke(
+        cli.app, [*base, "--continue-from", str(source), "--iterations", str(more), "--lr", "1e-3"]
+    )
+    assert res.exit_code == 2 and len(captured) == 1 and "['train.lr']" in said(res), res.output
+    res = CliRunner().invoke(cli.app, [*base, "--continue-from", str(source), "--iterations", str(more)])
+    assert isinstance(res.exception, _Captured), res.output
+    assert captured[1]["continue_from"] == str(source) and captured[1]["train"]["iterations"] == more
