@@ -92,7 +92,7 @@ LAYOUT_FIELDS = (
 #: Where a run stops, not what an iteration computes: a checkpoint at iteration N resumes under any
 #: ``iterations`` >= N, so a finished run whose curve still rises is continued instead of restarted
 #: (the learning rate schedule is a warmup only and every random draw is seeded from (seed, iteration),
-#: so training 128 then resuming to 256 is bit-identical on CPU to training 256 at once).
+#: so training 128 then resuming to 256 gives, on CPU, the weights and rollouts of training 256 at once).
 EXTENDABLE_FIELDS = ("iterations",)
 
 
