@@ -258,7 +258,10 @@ def test_idle_connections_are_closed(backend, http):
 
     from srpo_envs.retrievers.server import BackgroundServer
 
-    with BackgroundServer(create_app(backend), idle_timeout_s=0.3, http=http) as server:
+    # 1 s, not less: the "keeps talking" client below shares this process (and the GIL) with the server's
+    # thread, and a stall longer than the timeout between two of its requests closes its connection as the
+    # next one is sent (seen once in CI at 0.3 s: "Server disconnected without sending a response")
+    with BackgroundServer(create_app(backend), idle_timeout_s=1.0, http=http) as server:
         silent = socket.create_connection((server.host, server.port))  # never sends a byte
         trickle = socket.create_connection((server.host, server.port))  # headers never finish
         trickle.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\n")
