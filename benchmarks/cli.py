@@ -411,7 +411,7 @@ def _run_compare(
     continue_from: Path | None = None,
 ) -> Any:
     """One comparison; ``env_kwargs`` replace keys of the suite's training env (decision runs: more worlds)."""
-    from benchmarks.compare import CompareConfig, reference_of, run_comparison
+    from benchmarks.compare import CompareConfig, check_continuation, reference_of, run_comparison
     from benchmarks.model_source import ModelNotAvailable, resolve_model
 
     env = _training_env(suite)
@@ -437,15 +437,10 @@ def _run_compare(
         keep_checkpoints=keep_checkpoints,
         continue_from=str(continue_from) if continue_from is not None else None,
     )
-    if continue_from is not None:
-        from benchmarks.compare import continuation_of
-
-        try:  # a wrong source fails now, not after the start model's evaluation
-            for name in variants:
-                for seed in seeds:
-                    continuation_of(cfg, name, seed)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--continue-from") from None
+    try:  # a wrong --continue-from fails as a usage error, not as a traceback from the runner
+        check_continuation(cfg)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--continue-from") from None
     if len(variants) > 1:
         try:  # a typo in --reference fails now, not after the runs
             reference_of(list(variants), reference)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -237,6 +238,15 @@ def continuation_of(cfg: CompareConfig, name: str, seed: int) -> tuple[int, Path
     return before, run
 
 
+def check_continuation(cfg: CompareConfig) -> None:
+    """:func:`continuation_of` every run of ``cfg`` (nothing without ``continue_from``): a wrong source
+    fails before the first minute is spent."""
+    if cfg.continue_from:
+        for name in cfg.variants:
+            for seed in cfg.seeds:
+                continuation_of(cfg, name, seed)
+
+
 def train_and_evaluate(
     cfg: CompareConfig, name: str, overrides: Mapping[str, Any], seed: int, torch_threads: int = 0
 ) -> RunOutput:
@@ -272,11 +282,10 @@ def train_and_evaluate(
         if trainer.metrics_path.exists():
             trainer.metrics_path.unlink()
         ckpt.remove_checkpoints(trainer.out)  # a kept one of other settings must not be resumed later
-        if source is not None:  # the source run's curve up to where this one goes on
+        if source is not None:  # the source run's curve: train() keeps its rows up to `start`, as on a resume
             trainer.out.mkdir(parents=True, exist_ok=True)
-            for row in ckpt.read_metrics(source / "metrics.jsonl"):
-                if int(row["iteration"]) <= start:
-                    ckpt.append_metrics(trainer.metrics_path, row)
+            if (source / "metrics.jsonl").is_file():
+                shutil.copyfile(source / "metrics.jsonl", trainer.metrics_path)
             trainer.iteration = start
     history = trainer.train()
     t1 = time.perf_counter()
@@ -359,10 +368,7 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     from agents.hf import HFPolicy
 
     say = log or (lambda s: None)
-    if cfg.continue_from:  # every run's source checked before the first minute is spent
-        for name in cfg.variants:
-            for seed in cfg.seeds:
-                continuation_of(cfg, name, seed)
+    check_continuation(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     evals: dict[tuple[str, int], EvalResult] = {}

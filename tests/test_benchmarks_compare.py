@@ -146,6 +146,23 @@ def test_ray_workers_give_the_same_comparison_as_one_process(tiny_model_dir: Pat
     assert [r.metrics for r in here.records] == [r.metrics for r in ray.records]
 
 
+def _one_srpo_run(
+    model: Path, out: Path, iterations: int, *, keep_checkpoints: bool = False, **train: object
+) -> CompareConfig:
+    """One SRPO run (seed 0) of ``iterations`` on the tiny model, 2 tasks x G=2, evaluated on 3 x 2."""
+    return CompareConfig(
+        model=str(model),
+        out_dir=str(out),
+        variants={"srpo": {"algo": "srpo"}},
+        seeds=(0,),
+        train={"iterations": iterations, "tasks_per_iter": 2, "group_size": 2, **train},
+        eval_k=2,
+        eval_limit=3,
+        max_new_tokens=8,
+        keep_checkpoints=keep_checkpoints,
+    )
+
+
 def test_kept_checkpoints_let_a_rerun_with_more_iterations_continue_each_run(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -157,17 +174,7 @@ def test_kept_checkpoints_let_a_rerun_with_more_iterations_continue_each_run(
     from learners.checkpoint import CheckpointConfigError, find_checkpoint
 
     def config(out: Path, iterations: int, **train: object) -> CompareConfig:
-        return CompareConfig(
-            model=str(tiny_model_dir),
-            out_dir=str(out),
-            variants={"srpo": {"algo": "srpo"}},
-            seeds=(0,),
-            train={"iterations": iterations, "tasks_per_iter": 2, "group_size": 2, "lr": 5e-3, **train},
-            eval_k=2,
-            eval_limit=3,
-            max_new_tokens=8,
-            keep_checkpoints=True,
-        )
+        return _one_srpo_run(tiny_model_dir, out, iterations, keep_checkpoints=True, **{"lr": 5e-3, **train})
 
     whole = train_and_evaluate(replace(config(tmp_path / "whole", 2), keep_checkpoints=False), "srpo", {}, 0)
     first = train_and_evaluate(config(tmp_path / "kept", 1), "srpo", {}, 0)
@@ -195,16 +202,7 @@ def test_a_comparison_continued_from_a_finished_one_trains_the_iterations_after_
     from benchmarks.compare import continuation_of, train_and_evaluate
 
     def config(out: Path, iterations: int, **train: object) -> CompareConfig:
-        return CompareConfig(
-            model=str(tiny_model_dir),
-            out_dir=str(out),
-            variants={"srpo": {"algo": "srpo"}},
-            seeds=(0,),
-            train={"iterations": iterations, "tasks_per_iter": 2, "group_size": 2, "lr": 0.0, **train},
-            eval_k=2,
-            eval_limit=3,
-            max_new_tokens=8,
-        )
+        return _one_srpo_run(tiny_model_dir, out, iterations, **{"lr": 0.0, **train})
 
     drop = ("rollout_s", "update_s")
 
