@@ -43,7 +43,32 @@ BASE_ADAPTER = "__base__"
 PRUNE_FRACTION = 0.25
 
 
+#: A prefill forward's fixed cost in prompt tokens (one token of one row = 1): what splitting a batch
+#: by prompt length must save in padding to pay for another forward (:func:`length_buckets`).
+PREFILL_FORWARD_COST = 64
+
 # ------------------------------------------------------------------------------------------- helpers
+
+
+def length_buckets(lengths: Sequence[int], forward_cost: float) -> list[list[int]]:
+    """Split rows sorted by descending length into consecutive buckets, each padded to its longest
+    row, at the least total cost ``sum(forward_cost + rows x width)`` (an exact dynamic programme)."""
+    n = len(lengths)
+    if any(lengths[i] < lengths[i + 1] for i in range(n - 1)):
+        raise ValueError("lengths must be sorted longest first")
+    best = [0.0] + [float("inf")] * n  # best[j]: cost of rows [0, j)
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            c = best[i] + forward_cost + (j - i) * lengths[i]
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    out: list[list[int]] = []
+    j = n
+    while j > 0:
+        out.append(list(range(cut[j], j)))
+        j = cut[j]
+    return out[::-1]
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
@@ -107,6 +132,109 @@ def _new_cache(model: Any) -> Any:
         return DynamicCache(config=_transformers_model(model).config)
     except TypeError:  # transformers 4.x
         return DynamicCache()
+
+
+def _growing_layer_class() -> type | None:
+    """:class:`transformers.cache_utils.DynamicLayer` with room to grow (see :func:`_generation_cache`);
+    None on a transformers without cache layers."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # pragma: no cover - transformers 4.x before cache layers
+        return None
+
+    class GrowingLayer(DynamicLayer):
+        """A decode-time KV cache layer that writes each step into spare room instead of concatenating.
+
+        ``DynamicLayer.update`` concatenates, so every decode step copies the whole cache of every
+        layer into a new tensor: on the 2.4M-parameter columns model with 64 rows and ~100 cached
+        positions that copy was half of a decode step's CPU time (``torch.profiler``), and this layer's
+        decode steps take ~15% less time. It keeps a buffer with ``reserve``
+        free positions after the prompt (grown by doubling if they run out) and hands attention a view
+        of its filled part: the same keys and values, so the logits are bit-identical. Inference only
+        (the in-place writes are not for autograd); operations that rebuild the cache (crop, repeat,
+        row selection) leave a buffer exactly full, which the next update regrows.
+        """
+
+        def __init__(self, reserve: int) -> None:
+            super().__init__()
+            self.reserve = max(1, int(reserve))
+            self._length = 0
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self.keys, self.values, self._length = key_states[..., :0, :], value_states[..., :0, :], 0
+            n, q = self._length, key_states.shape[-2]
+            if n + q > self._room():
+                self._regrow(n + q + self.reserve)
+            self._kbuf[..., n : n + q, :] = key_states
+            self._vbuf[..., n : n + q, :] = value_states
+            self._set_length(n + q)
+            return self.keys, self.values
+
+        def _room(self) -> int:
+            return self._kbuf.shape[-2] if hasattr(self, "_kbuf") else 0
+
+        def _regrow(self, capacity: int) -> None:
+            n, k, v = self._length, self.keys, self.values
+            capacity = max(capacity, 2 * n)
+            self._kbuf = k.new_empty(*k.shape[:-2], capacity, k.shape[-1])
+            self._vbuf = v.new_empty(*v.shape[:-2], capacity, v.shape[-1])
+            self._kbuf[..., :n, :] = k
+            self._vbuf[..., :n, :] = v
+
+        def _set_length(self, n: int) -> None:
+            self._length = n
+            self.keys, self.values = self._kbuf[..., :n, :], self._vbuf[..., :n, :]
+
+        def _adopt(self) -> None:
+            """After a base-class operation replaced ``keys``/``values``: they are the buffer now."""
+            self._kbuf, self._vbuf = self.keys, self.values
+            self._length = self.keys.shape[-2]
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self._length > 0:  # select from the buffer: the spare room comes along, no regrowth
+                self._kbuf, self._vbuf = self._kbuf[indices, ...], self._vbuf[indices, ...]
+                self._set_length(self._length)
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            super().batch_repeat_interleave(repeats)
+            if self.is_initialized:
+                self._adopt()
+
+        def crop(self, tokens_to_remove: int) -> None:
+            super().crop(tokens_to_remove)
+            if self.is_initialized:
+                self._adopt()
+
+        def reset(self) -> None:
+            super().reset()
+            self._length = 0
+            for name in ("_kbuf", "_vbuf"):
+                self.__dict__.pop(name, None)
+
+    return GrowingLayer
+
+
+_GROWING_LAYER = _growing_layer_class()
+
+
+def _generation_cache(model: Any, reserve: int) -> Any:
+    """:func:`_new_cache` for sampling: each layer a ``GrowingLayer`` with room for ``reserve`` new
+    tokens after the prefill (a plain ``DynamicCache`` where this transformers has no cache layers or
+    the model's config asks for other ones, e.g. sliding windows)."""
+    cache = _new_cache(model)
+    layers = getattr(cache, "layers", None)
+    if (
+        _GROWING_LAYER is None
+        or not layers
+        or any(type(layer).__name__ != "DynamicLayer" for layer in layers)
+    ):
+        return cache
+    cache.layers = [_GROWING_LAYER(reserve) for _ in layers]
+    return cache
 
 
 def eos_token_ids(tokenizer: Any, model: Any | None = None) -> list[int]:
@@ -437,14 +565,59 @@ class HFPolicy:
         """
         first: dict[tuple[int, ...], int] = {}
         source = [first.setdefault(tuple(p), j) for j, p in enumerate(prompts)]
-        if not self.share_prefix or len(first) == len(prompts):
+        shared = self.share_prefix and len(first) < len(prompts)
+        rows = list(first.values()) if shared else list(range(len(prompts)))
+        buckets = length_buckets([len(prompts[j]) for j in rows], PREFILL_FORWARD_COST)
+        if len(buckets) > 1 and all(type(layer) is _GROWING_LAYER for layer in getattr(cache, "layers", ())):
+            logits = self._bucketed_forward(
+                [[rows[i] for i in b] for b in buckets], prompts, ids, attn, pos, cache
+            )
+        elif shared:
+            uniq = torch.tensor(rows, device=ids.device)
+            logits = self._forward(ids[uniq], attn[uniq], pos[uniq], cache)
+        else:
             return self._forward(ids, attn, pos, cache)
-        uniq = torch.tensor(list(first.values()), device=ids.device)
-        slot = {j: s for s, j in enumerate(first.values())}
+        if not shared:
+            return logits
+        slot = {j: s for s, j in enumerate(rows)}
         expand = torch.tensor([slot[j] for j in source], device=ids.device)
-        logits = self._forward(ids[uniq], attn[uniq], pos[uniq], cache)
         cache.batch_select_indices(expand)
         return logits[expand]
+
+    def _bucketed_forward(
+        self,
+        buckets: list[list[int]],
+        prompts: list[list[int]],
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        pos: torch.Tensor,
+        cache: Any,
+    ) -> torch.Tensor:
+        """Prefill ``buckets`` of rows (longest first) each at its own padded width, then lay their
+        keys and values into ``cache`` at the batch's width, left-padded with zeros.
+
+        Why: an aggregator's prompts hold 1..5 proposals, so a batch padded to its longest prompt
+        spent ~40% of its prefill on padding. A row's outputs depend only on its own real tokens
+        (its positions and mask are unchanged, padded keys are masked out), so the merged cache and
+        the last-position logits are those of the full-width prefill up to float rounding, and the
+        decode steps run on one batch as before.
+        """
+        width = ids.shape[1]
+        parts, keys, values = [], [], []
+        for bucket in buckets:
+            w = max(len(prompts[j]) for j in bucket)
+            sel = torch.tensor(bucket, device=ids.device)
+            part = _new_cache(self.model)
+            parts.append(
+                self._forward(ids[sel, width - w :], attn[sel, width - w :], pos[sel, width - w :], part)
+            )
+            keys.append([torch.nn.functional.pad(layer.keys, (0, 0, width - w, 0)) for layer in part.layers])
+            values.append(
+                [torch.nn.functional.pad(layer.values, (0, 0, width - w, 0)) for layer in part.layers]
+            )
+        for i, layer in enumerate(cache.layers):
+            layer.update(torch.cat([k[i] for k in keys]), torch.cat([v[i] for v in values]))
+        return torch.cat(parts)
 
     @staticmethod
     def _uniforms(sps: Sequence[SamplingParams], steps: int) -> torch.Tensor:
@@ -499,7 +672,7 @@ class HFPolicy:
         window = [4 * max((len(s) for s in sp.stop), default=0) + 2 for sp in sps]
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
 
-        cache = _new_cache(self.model)
+        cache = _generation_cache(self.model, reserve=steps)
         logits = self._prefill(prompts, ids, attn, pos, cache)
         next_pos = attn.sum(-1, keepdim=True)
         rows = list(range(n))  # original index of each row still in the batch

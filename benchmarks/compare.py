@@ -19,6 +19,7 @@ K=1), runnable as ``srpo bench ablation``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -291,6 +292,8 @@ def train_and_evaluate(
     t1 = time.perf_counter()
     metrics = ckpt.read_metrics(trainer.metrics_path)  # what the run logged, one row per iteration
     result = _run_eval(cfg, trainer.policies, seed, name)
+    del trainer
+    _release()
     curves = [
         {
             "variant": name,
@@ -314,15 +317,55 @@ def train_and_evaluate(
     return RunOutput(run, curves, k_rows, result)
 
 
-def _jobs(cfg: CompareConfig, say: Callable[[str], None]) -> Iterator[tuple[tuple[str, int], RunOutput]]:
-    """Every (variant, seed) job's output as it finishes: in this process one after another, or with
-    ``cfg.workers`` > 0 as Ray tasks, at most ``workers`` at a time, each with an equal share of this
-    machine's cores as torch threads (a 2.4M-parameter model uses two threads poorly; two runs side by
-    side use two cores well). ``max_calls=1``: each task gets a fresh worker process, so a finished
-    run's memory is returned before the next one starts."""
-    jobs = [(name, seed) for name in cfg.variants for seed in cfg.seeds]
+def _release() -> None:
+    """Give a finished job's memory back before the worker process takes the next job: collect the
+    reference cycles torch modules and optimizers form, then return glibc's freed heap to the OS."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def evaluate_start(cfg: CompareConfig, seed: int, torch_threads: int = 0) -> EvalResult:
+    """The start model's evaluation with ``seed``'s eval seed: the "before" of every run of that seed.
+
+    A job like :func:`train_and_evaluate` (self-contained, any process): with ``cfg.workers`` the start
+    evaluations share the Ray pool with the runs instead of running one after another in the driver
+    while the workers wait (10 seeds x 256 problems x k=4 were ~6 min of a decision table's wall time).
+    The samples do not depend on the process or its thread count (seeded per request).
+    """
+    if torch_threads > 0:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+    from agents.hf import HFPolicy
+
+    result = _run_eval(cfg, PolicyMap.shared(HFPolicy(cfg.model)), seed, START_LABEL)
+    _release()
+    return result
+
+
+def _jobs(cfg: CompareConfig, say: Callable[[str], None]) -> Iterator[tuple[tuple[str, int], Any]]:
+    """Every job's output as it finishes, keyed ``("start", seed)`` for the start model's evaluations
+    (:func:`evaluate_start`, first) and ``(variant, seed)`` for the runs (:func:`train_and_evaluate`):
+    in this process one after another, or with ``cfg.workers`` > 0 as Ray tasks, at most ``workers``
+    at a time, each with an equal share of this machine's cores as torch threads (a 2.4M-parameter
+    model uses two threads poorly; two runs side by side use two cores well). Worker processes are
+    reused (``max_calls=0``): a fresh process per job spent ~6 s importing torch, transformers and the
+    suite before its first step (a third of the wall time of 12 short jobs); each job drops its run
+    before returning (:func:`_release`), so a worker holds one run's memory at a time."""
+    starts = [("start", seed) for seed in cfg.seeds]
+    runs = [(name, seed) for name in cfg.variants for seed in cfg.seeds]
     if cfg.workers <= 0:
-        for name, seed in jobs:
+        from agents.hf import HFPolicy
+
+        start = PolicyMap.shared(HFPolicy(cfg.model))
+        for key in starts:
+            yield key, _run_eval(cfg, start, key[1], START_LABEL)
+        del start
+        for name, seed in runs:
             yield (name, seed), train_and_evaluate(cfg, name, cfg.variants[name], seed)
         return
     from agents.ray_rollout import ensure_ray, shutdown_ray
@@ -330,12 +373,20 @@ def _jobs(cfg: CompareConfig, say: Callable[[str], None]) -> Iterator[tuple[tupl
     threads = worker_threads(cfg.workers)
     started_here = not _ray_initialized()
     ray = ensure_ray(cfg.ray_address, num_cpus=cfg.workers * threads)
-    remote = ray.remote(num_cpus=threads, max_calls=1)(train_and_evaluate)
-    say(f"{len(jobs)} runs on {cfg.workers} Ray workers ({threads} torch thread(s) each)")
+    remote_start = ray.remote(num_cpus=threads, max_calls=0)(evaluate_start)
+    remote_run = ray.remote(num_cpus=threads, max_calls=0)(train_and_evaluate)
+    say(
+        f"{len(starts)} start-model evaluations and {len(runs)} runs on {cfg.workers} Ray workers "
+        f"({threads} torch thread(s) each)"
+    )
     try:
-        pending = {
-            remote.remote(cfg, name, cfg.variants[name], seed, threads): (name, seed) for name, seed in jobs
-        }
+        pending = {remote_start.remote(cfg, key[1], threads): key for key in starts}
+        pending.update(
+            {
+                remote_run.remote(cfg, name, cfg.variants[name], seed, threads): (name, seed)
+                for name, seed in runs
+            }
+        )
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             key = pending.pop(done[0])
@@ -363,36 +414,34 @@ def _ray_initialized() -> bool:
 def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print) -> ComparisonResult:
     """Train every variant for every seed from ``cfg.model``; evaluate before and after.
 
-    The start model is evaluated here, in this process (so ``srpo leaderboard reproduce`` regenerates
-    its samples exactly); the (variant, seed) jobs run here or on Ray workers (``cfg.workers``)."""
-    from agents.hf import HFPolicy
-
+    The start model's evaluations (one per seed) and the (variant, seed) runs are the jobs of
+    :func:`_jobs`: here one after another, or on Ray workers (``cfg.workers``)."""
     say = log or (lambda s: None)
     check_continuation(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     evals: dict[tuple[str, int], EvalResult] = {}
-    start = HFPolicy(cfg.model)
-    for seed in cfg.seeds:
-        t0 = time.perf_counter()
-        evals[("start", seed)] = _run_eval(cfg, PolicyMap.shared(start), seed, START_LABEL)
-        say(
-            f"start model, eval seed {seed}: {cfg.suite} avg@{cfg.eval_k} = "
-            f"{_macro_accuracy(evals[('start', seed)]):.3f} ({time.perf_counter() - t0:.0f}s)"
-        )
-    del start
     outputs: dict[tuple[str, int], RunOutput] = {}
-    for (name, seed), res in _jobs(cfg, say):
-        before = _macro_accuracy(evals[("start", seed)])
-        res.run = {"before": before, "delta": res.run["after"] - before, **res.run}
-        outputs[(name, seed)] = res
-        evals[(name, seed)] = res.result
-        diag = res.run
-        say(
-            f"{name} seed {seed}: {before:.3f} -> {diag['after']:.3f} (train {diag['train_s']:.0f}s; "
-            f"clip_frac {diag['clip_frac']:.3f}, |L_e| {diag['mean_abs_log_ratio']:.4f}, "
-            f"approx_kl {diag['approx_kl']:.5f})"
-        )
+    waiting: list[tuple[str, int]] = []  # runs done before their seed's start evaluation
+    for key, res in _jobs(cfg, say):
+        if key[0] == "start":
+            evals[key] = res
+            say(f"start model, eval seed {key[1]}: {cfg.suite} avg@{cfg.eval_k} = {_macro_accuracy(res):.3f}")
+        else:
+            outputs[key] = res
+            evals[key] = res.result
+            waiting.append(key)
+        for name, seed in [k for k in waiting if ("start", k[1]) in evals]:
+            waiting.remove((name, seed))
+            out_run = outputs[(name, seed)]
+            before = _macro_accuracy(evals[("start", seed)])
+            out_run.run = {"before": before, "delta": out_run.run["after"] - before, **out_run.run}
+            diag = out_run.run
+            say(
+                f"{name} seed {seed}: {before:.3f} -> {diag['after']:.3f} (train {diag['train_s']:.0f}s; "
+                f"clip_frac {diag['clip_frac']:.3f}, |L_e| {diag['mean_abs_log_ratio']:.4f}, "
+                f"approx_kl {diag['approx_kl']:.5f})"
+            )
     ordered = [outputs[(name, seed)] for name in cfg.variants for seed in cfg.seeds]  # job order, always
     column_order = ["variant", "seed", "before", "after", "delta", "train_s", "eval_s", *UPDATE_DIAGNOSTICS]
     runs_df = pd.DataFrame([o.run for o in ordered])[column_order]

@@ -9,6 +9,11 @@ Input budget: every env's state text puts the question on its first line and app
 it, so keeping only the tail of a long state (search transcripts, aggregation states) would drop the
 question. :meth:`ValueCritic.fit` keeps the question (head, at most half the budget), a ``[...]``
 marker, and as much of the latest state (tail) as fits.
+
+Prefix tree (``pack_len``, the trainer's ``prefix_tree``): a batch's states repeat themselves (a task's
+G episodes start from one question; an episode's later states extend its earlier ones), so the inputs
+are forwarded as their prefix tree (:func:`learners.prefix.pack_rows`), every distinct prefix once, the
+value read at each state's last node: the values of the left-padded forward up to float rounding.
 """
 
 from __future__ import annotations
@@ -19,15 +24,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from learners.prefix import _lcp, pack_rows
+
 
 class ValueCritic(nn.Module):
     """``V(state_text)`` with a transformers backbone; ``max_tokens`` bounds the input (head + tail)."""
 
-    def __init__(self, backbone: nn.Module, tokenizer: Any, max_tokens: int = 256) -> None:
+    def __init__(
+        self, backbone: nn.Module, tokenizer: Any, max_tokens: int = 256, pack_len: int | None = None
+    ) -> None:
         super().__init__()
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
+        #: forward the inputs as their prefix tree in sequences of this many nodes (None: left-padded)
+        self.pack_len = pack_len
         hidden = int(backbone.config.hidden_size)
         self.head = nn.Linear(hidden, 1)
         nn.init.zeros_(self.head.weight)
@@ -36,12 +47,14 @@ class ValueCritic(nn.Module):
         self.pad_id = int(pad if pad is not None else 0)
 
     @classmethod
-    def from_pretrained(cls, path: str, tokenizer: Any = None, max_tokens: int = 256) -> ValueCritic:
+    def from_pretrained(
+        cls, path: str, tokenizer: Any = None, max_tokens: int = 256, pack_len: int | None = None
+    ) -> ValueCritic:
         """Backbone = the base model (no LM head) of a causal-LM checkpoint, e.g. the policy's."""
         from transformers import AutoModel, AutoTokenizer
 
         backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
-        return cls(backbone, tokenizer or AutoTokenizer.from_pretrained(path), max_tokens)
+        return cls(backbone, tokenizer or AutoTokenizer.from_pretrained(path), max_tokens, pack_len)
 
     def fit(self, text: str) -> list[int]:
         """Token ids of ``text`` within ``max_tokens``: all of it when it fits, else its first line
@@ -70,29 +83,62 @@ class ValueCritic(nn.Module):
         return input_ids, attention
 
     def token_chunks(self, texts: Sequence[str], max_tokens: int | None) -> list[list[int]]:
-        """Indices of ``texts`` in chunks whose padded size (rows x widest input) stays within
-        ``max_tokens`` (one chunk when ``None``): sorted by input length so short states (a question)
-        are not padded to long ones (an aggregation state). A text longer than the budget gets a chunk
-        of its own. Bounds the memory of a forward/backward by the budget, not by the minibatch."""
+        """Indices of ``texts`` in chunks that bound a forward/backward's memory by ``max_tokens`` (one
+        chunk when ``None``). Left-padded: rows x widest input, sorted by input length so short states
+        (a question) are not padded to long ones (an aggregation state). Prefix tree (``pack_len``):
+        prefix-tree nodes, the inputs in lexicographic order so states sharing a prefix share a chunk.
+        An input longer than the budget gets a chunk of its own."""
         if max_tokens is None:
             return [list(range(len(texts)))]
-        lengths = [len(self.fit(t)) for t in texts]
+        ids = [self.fit(t) for t in texts]
         chunks: list[list[int]] = []
         current: list[int] = []
-        for i in sorted(range(len(texts)), key=lambda j: lengths[j]):
-            if current and (len(current) + 1) * lengths[i] > max_tokens:
-                chunks.append(current)
-                current = []
-            current.append(i)
+        if self.pack_len is not None:
+            used, prev = 0, None
+            for i in sorted(range(len(texts)), key=lambda j: ids[j]):
+                new = len(ids[i]) + 1 - (_lcp(ids[i], prev) if prev is not None else 0)
+                if current and used + new > max_tokens:
+                    chunks.append(current)
+                    current, new = [], len(ids[i]) + 1
+                    used = 0
+                current.append(i)
+                used += new
+                prev = ids[i]
+        else:
+            for i in sorted(range(len(texts)), key=lambda j: len(ids[j])):
+                if current and (len(current) + 1) * len(ids[i]) > max_tokens:
+                    chunks.append(current)
+                    current = []
+                current.append(i)
         if current:
             chunks.append(current)
         return chunks
 
     def forward(self, texts: Sequence[str]) -> Tensor:
+        if self.pack_len is not None:
+            return self._packed_forward(texts)
         input_ids, attention = self.encode(texts)
         device = self.head.weight.device
         input_ids, attention = input_ids.to(device), attention.to(device)
         position_ids = (attention.cumsum(-1) - 1).clamp_min(0) * attention
         out = self.backbone(input_ids=input_ids, attention_mask=attention, position_ids=position_ids)
         last = out.last_hidden_state[:, -1]  # left padding: the last column is every text's last token
+        return self.head(last).squeeze(-1)
+
+    def _packed_forward(self, texts: Sequence[str]) -> Tensor:
+        """Each input's last hidden state from one prefix-tree forward: every input is a "prompt" with a
+        one-token "response" (padding), so the node predicting that token is the input's last one."""
+        ids = [self.fit(t) for t in texts]
+        packed = pack_rows(ids, [[self.pad_id]] * len(ids), self.pad_id, self.pack_len or 1)
+        device = self.head.weight.device
+        impl = getattr(self.backbone.config, "_attn_implementation", "sdpa")
+        mask = packed.attention_mask(None if impl == "sdpa" else self.head.weight.dtype)
+        out = self.backbone(
+            input_ids=packed.input_ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=packed.position_ids.to(device),
+            use_cache=False,
+        )
+        nodes = out.last_hidden_state[packed.src_seq.to(device), packed.src_pos.to(device)]
+        last = nodes[packed.src_index.to(device)]  # one token per input, in input order
         return self.head(last).squeeze(-1)

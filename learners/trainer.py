@@ -462,7 +462,11 @@ class Trainer:
         self.critic: ValueCritic | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if self.algorithm.critic:
-            self.critic = ValueCritic.from_pretrained(self.model_path, max_tokens=cfg.critic_max_tokens)
+            self.critic = ValueCritic.from_pretrained(
+                self.model_path,
+                max_tokens=cfg.critic_max_tokens,
+                pack_len=cfg.pack_len if cfg.prefix_tree else None,
+            )
             self.critic.to(device=self.device, dtype=self.param_dtype)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
         #: the critic's values of the current batch's events (its "old" values for the value clip)
