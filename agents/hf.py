@@ -557,11 +557,14 @@ class HFPolicy:
         Rollouts repeat prompts (a group's G samples, every proposer of a round reading the same
         question), so with :attr:`share_prefix` each distinct prompt is forwarded once and its cache
         rows and logits are copied to the rows that share it (``batch_select_indices`` with repeated
-        indices). The distinct prompts keep the batch's padded width, so every row sees the same
-        layout, positions and mask as in the full prefill, and the per-request uniforms are untouched:
-        the sampled tokens do not change. Log-probs agree to float rounding (a CPU GEMM may round a
-        2-row LM head differently from an 8-row one; ``tests/test_hf_prefix.py``); the shipped warm
-        start's rollouts hash bit-identical (``python -m benchmarks.perf.fingerprint``).
+        indices). Prompts of very different lengths (an aggregator reading 1..5 proposals) are
+        prefilled in buckets of similar length (:func:`length_buckets`, :meth:`_bucketed_forward`)
+        instead of all at the longest one's width. Every row keeps its positions and mask, and the
+        per-request uniforms are untouched: the sampled tokens do not change. Log-probs agree to float
+        rounding (a CPU GEMM may round a 2-row LM head differently from an 8-row one, attention over a
+        narrower padding differently; ``tests/test_hf_prefix.py``): the shipped warm start's rollouts
+        have the same tokens, and their log-probs move by at most ~3e-6
+        (``python -m benchmarks.perf.fingerprint`` prints both hashes).
         """
         first: dict[tuple[int, ...], int] = {}
         source = [first.setdefault(tuple(p), j) for j, p in enumerate(prompts)]

@@ -2,8 +2,10 @@
 
 Refactors must not change behaviour. This script trains each algorithm for two short iterations from
 a shipped warm start with fixed seeds and prints one sha256 per algorithm for (a) every rollout row
-(the fields learners consume), (b) the metrics each iteration logs (timings excluded) and (c) the final
-weights. Run it before and after a change; identical lines mean bit-identical behaviour on this CPU.
+(the fields learners consume), (a') the same rows without their behaviour log-probs (what was sampled:
+a change that only rounds log-probs differently keeps this one), (b) the metrics each iteration logs
+(timings excluded) and (c) the final weights. Run it before and after a change; identical lines mean
+bit-identical behaviour on this CPU.
 
     python -m benchmarks.perf.fingerprint [--algos srpo,grpo,mappo] [--json out.json]
 """
@@ -70,6 +72,7 @@ def fingerprint(algo: str, model: str | Path = MODEL) -> dict[str, str]:
         }
     return {
         "rows": sha256_json(rows),
+        "tokens": sha256_json([{k: v for k, v in r.items() if k != "behaviour_logprobs"} for r in rows]),
         "metrics": sha256_json(metrics),
         "weights": sha256_json(weights),
         "n_rows": str(len(rows)),
