@@ -570,7 +570,9 @@ class HFPolicy:
         source = [first.setdefault(tuple(p), j) for j, p in enumerate(prompts)]
         shared = self.share_prefix and len(first) < len(prompts)
         rows = list(first.values()) if shared else list(range(len(prompts)))
-        buckets = length_buckets([len(prompts[j]) for j in rows], PREFILL_FORWARD_COST)
+        lengths = [len(prompts[j]) for j in rows]
+        longest_first = all(a >= b for a, b in zip(lengths, lengths[1:], strict=False))  # as generate() sorts
+        buckets = length_buckets(lengths, PREFILL_FORWARD_COST) if longest_first else [list(range(len(rows)))]
         if len(buckets) > 1 and all(type(layer) is _GROWING_LAYER for layer in getattr(cache, "layers", ())):
             logits = self._bucketed_forward(
                 [[rows[i] for i in b] for b in buckets], prompts, ids, attn, pos, cache

@@ -97,10 +97,9 @@ class ValueCritic(nn.Module):
             used, prev = 0, None
             for i in sorted(range(len(texts)), key=lambda j: ids[j]):
                 new = len(ids[i]) + 1 - (_lcp(ids[i], prev) if prev is not None else 0)
-                if current and used + new > max_tokens:
+                if current and used + new > max_tokens:  # a new chunk shares nothing with this one
                     chunks.append(current)
-                    current, new = [], len(ids[i]) + 1
-                    used = 0
+                    current, used, new = [], 0, len(ids[i]) + 1
                 current.append(i)
                 used += new
                 prev = ids[i]
@@ -129,7 +128,7 @@ class ValueCritic(nn.Module):
         """Each input's last hidden state from one prefix-tree forward: every input is a "prompt" with a
         one-token "response" (padding), so the node predicting that token is the input's last one."""
         ids = [self.fit(t) for t in texts]
-        packed = pack_rows(ids, [[self.pad_id]] * len(ids), self.pad_id, self.pack_len or 1)
+        packed = pack_rows(ids, [[self.pad_id]] * len(ids), self.pad_id, self.pack_len)
         device = self.head.weight.device
         impl = getattr(self.backbone.config, "_attn_implementation", "sdpa")
         mask = packed.attention_mask(None if impl == "sdpa" else self.head.weight.dtype)
