@@ -484,7 +484,17 @@ def prefix_micro_batches(rows: Sequence[Row], event_index: Tensor, max_tokens: i
     for i, e in enumerate(event_index.tolist()):
         members.setdefault(e, []).append(i)
     seqs = [(*r.prompt_ids, *r.response_ids) for r in rows]
-    order = sorted(members.values(), key=lambda m: min(seqs[i] for i in m))
+    return prefix_chunks(seqs, list(members.values()), max_tokens)
+
+
+def prefix_chunks(
+    seqs: Sequence[Sequence[int]], groups: Sequence[list[int]], max_tokens: int
+) -> list[list[int]]:
+    """Groups of ``seqs`` (indices; a group is never split) in chunks whose prefix tree holds at most
+    ``max_tokens`` nodes (a group over the budget goes alone), groups ordered by their smallest
+    sequence so that groups sharing prefixes land in one chunk. Returns the indices of each chunk.
+    The core of :func:`prefix_micro_batches`; MAPPO's packed critic chunks its states with it too."""
+    order = sorted(groups, key=lambda m: min(tuple(seqs[i]) for i in m))
     out: list[list[int]] = []
     cur: list[int] = []
     trie: dict[int, Any] = {}

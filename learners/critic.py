@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from learners.prefix import _lcp, pack_rows
+from learners.batching import prefix_chunks
+from learners.prefix import pack_rows, packed_inputs
 
 
 class ValueCritic(nn.Module):
@@ -90,25 +91,17 @@ class ValueCritic(nn.Module):
         An input longer than the budget gets a chunk of its own."""
         if max_tokens is None:
             return [list(range(len(texts)))]
-        ids = [self.fit(t) for t in texts]
+        if self.pack_len is not None:  # the node of a state's padding "response" counts, as packed
+            seqs = [[*self.fit(t), self.pad_id] for t in texts]
+            return prefix_chunks(seqs, [[i] for i in range(len(texts))], max_tokens)
+        lengths = [len(self.fit(t)) for t in texts]
         chunks: list[list[int]] = []
         current: list[int] = []
-        if self.pack_len is not None:
-            used, prev = 0, None
-            for i in sorted(range(len(texts)), key=lambda j: ids[j]):
-                new = len(ids[i]) + 1 - (_lcp(ids[i], prev) if prev is not None else 0)
-                if current and used + new > max_tokens:  # a new chunk shares nothing with this one
-                    chunks.append(current)
-                    current, used, new = [], 0, len(ids[i]) + 1
-                current.append(i)
-                used += new
-                prev = ids[i]
-        else:
-            for i in sorted(range(len(texts)), key=lambda j: len(ids[j])):
-                if current and (len(current) + 1) * len(ids[i]) > max_tokens:
-                    chunks.append(current)
-                    current = []
-                current.append(i)
+        for i in sorted(range(len(texts)), key=lambda j: lengths[j]):
+            if current and (len(current) + 1) * lengths[i] > max_tokens:
+                chunks.append(current)
+                current = []
+            current.append(i)
         if current:
             chunks.append(current)
         return chunks
@@ -129,15 +122,7 @@ class ValueCritic(nn.Module):
         one-token "response" (padding), so the node predicting that token is the input's last one."""
         ids = [self.fit(t) for t in texts]
         packed = pack_rows(ids, [[self.pad_id]] * len(ids), self.pad_id, self.pack_len)
-        device = self.head.weight.device
-        impl = getattr(self.backbone.config, "_attn_implementation", "sdpa")
-        mask = packed.attention_mask(None if impl == "sdpa" else self.head.weight.dtype)
-        out = self.backbone(
-            input_ids=packed.input_ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=packed.position_ids.to(device),
-            use_cache=False,
-        )
-        nodes = out.last_hidden_state[packed.src_seq.to(device), packed.src_pos.to(device)]
-        last = nodes[packed.src_index.to(device)]  # one token per input, in input order
+        inputs, src = packed_inputs(self.backbone, packed)
+        nodes = self.backbone(**inputs).last_hidden_state[src]
+        last = nodes[packed.src_index.to(nodes.device)]  # one token per input, in input order
         return self.head(last).squeeze(-1)

@@ -36,6 +36,7 @@ __all__ = [
     "PackedRows",
     "pack_rows",
     "packed_logprobs",
+    "packed_inputs",
     "packed_logits",
     "prefix_tree_size",
     "prompt_groups",
@@ -395,18 +396,24 @@ def _plain_head(model: Any) -> tuple[Any, Any] | None:
     return decoder, head
 
 
-def packed_logits(model: Any, packed: PackedRows) -> Tensor:
-    """``[U, V]`` logits of the distinct predicting nodes (``packed.src_*``), one packed forward."""
-    dev = next(model.parameters()).device
+def packed_inputs(model: Any, packed: PackedRows) -> tuple[dict[str, Any], tuple[Tensor, Tensor]]:
+    """The forward keywords of a packed batch on ``model``'s device (the ancestor mask in the form its
+    attention implementation wants) and the ``(seq, pos)`` index of its predicting nodes."""
+    param = next(model.parameters())
     impl = getattr(getattr(_transformers_model(model), "config", None), "_attn_implementation", "sdpa")
-    mask = packed.attention_mask(None if impl == "sdpa" else next(model.parameters()).dtype)
+    mask = packed.attention_mask(None if impl == "sdpa" else param.dtype)
     inputs = {
-        "input_ids": packed.input_ids.to(dev),
-        "attention_mask": mask.to(dev),
-        "position_ids": packed.position_ids.to(dev),
+        "input_ids": packed.input_ids.to(param.device),
+        "attention_mask": mask.to(param.device),
+        "position_ids": packed.position_ids.to(param.device),
         "use_cache": False,
     }
-    src = (packed.src_seq.to(dev), packed.src_pos.to(dev))
+    return inputs, (packed.src_seq.to(param.device), packed.src_pos.to(param.device))
+
+
+def packed_logits(model: Any, packed: PackedRows) -> Tensor:
+    """``[U, V]`` logits of the distinct predicting nodes (``packed.src_*``), one packed forward."""
+    inputs, src = packed_inputs(model, packed)
     plain = _plain_head(model)
     if plain is not None:
         decoder, head = plain

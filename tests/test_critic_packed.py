@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from learners.critic import ValueCritic
+from learners.prefix import prefix_tree_size
 
 QUESTION = "Question: what is 123 + 456?\n"
 STATES = [
@@ -53,8 +54,6 @@ def test_packed_chunks_keep_shared_prefixes_together_within_the_node_budget(tiny
     chunks = packed.token_chunks(STATES, budget)
     assert sorted(i for c in chunks for i in c) == list(range(len(STATES)))
     for chunk in chunks:
-        from learners.prefix import prefix_tree_size
-
         assert len(chunk) == 1 or prefix_tree_size([ids[i] + [packed.pad_id] for i in chunk]) <= budget
     question_states = {0, 1, 2, 3, 6}
     # lexicographic order: the 123 + 456 states sit together, so they span at most two chunks
