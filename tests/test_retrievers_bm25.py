@@ -82,6 +82,32 @@ def test_batch_path_matches_single_query_path(bm25):
     ]
 
 
+def test_repeated_queries_come_from_the_cache_with_the_same_hits(cache, monkeypatch):
+    """An RL group's samples mostly send the same query: the LRU cache answers repeats without Java,
+    with the passages and scores Lucene gives, per (query, k), and never holds more than cache_size."""
+    cached = BM25Retriever(CORPUS, cache_dir=cache, cache_size=2)
+    plain = BM25Retriever(CORPUS, cache_dir=cache, cache_size=0)
+    calls: list[list[str]] = []
+    lucene = cached._lucene_hits
+    monkeypatch.setattr(cached, "_lucene_hits", lambda live, k: calls.append(list(live)) or lucene(live, k))
+    try:
+        queries = ["glass lakes", "harbour city", "glass lakes", "violinist", "glass lakes"]
+        assert cached.search(queries, 3) == plain.search(queries, 3)
+        assert calls == [["glass lakes", "harbour city", "violinist"]]  # each distinct query once
+        # the two most recent stay: "glass lakes" went out when "violinist" came in
+        assert cached.search(["violinist", "harbour city"], 3) == plain.search(["violinist", "harbour city"], 3)
+        assert len(calls) == 1 and len(cached._hits_cache) == 2
+        assert cached.search(["glass lakes"], 3) == plain.search(["glass lakes"], 3)  # evicted: asks again
+        assert calls[-1] == ["glass lakes"] and len(cached._hits_cache) == 2
+        assert cached.search(["glass lakes"], 1) == plain.search(["glass lakes"], 1)  # another k, another key
+        assert calls[-1] == ["glass lakes"] and len(calls) == 3
+    finally:
+        cached.close()
+        plain.close()
+    with pytest.raises(ValueError, match="cache_size"):
+        BM25Retriever(CORPUS, cache_dir=cache, cache_size=-1)
+
+
 def test_query_with_more_terms_than_lucene_default_clause_limit(bm25):
     long_query = " ".join(f"term{i}" for i in range(3000)) + " glass"
     (hits,) = bm25.search([long_query], 2)

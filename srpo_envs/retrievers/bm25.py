@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,10 @@ class BM25Retriever(CorpusRetriever):
     queries one after another, without a Java thread pool). ``index_built`` tells
     whether this construction had to build the index (False when it came from the cache).
 
+    ``cache_size`` most recent ``(query, k)`` results are kept (0: none): Lucene's ranking is a pure
+    function of the query, and an RL group's samples mostly send the same query (the question's
+    name), so a repeated query skips the JVM round trip with the same passages and scores.
+
     Safe to call from several threads (calls are serialised on ``JVM_LOCK``), but each Python
     thread that searches attaches itself to the JVM and stays attached: call it from long-lived
     threads, not from thousands of short-lived ones. Pass many queries in one call for speed.
@@ -224,8 +229,15 @@ class BM25Retriever(CorpusRetriever):
         b: float = 0.4,
         threads: int | None = None,
         rebuild: bool = False,
+        cache_size: int = 4096,
     ) -> None:
         super().__init__(corpus)
+        if cache_size < 0:
+            raise ValueError(f"cache_size must be >= 0, got {cache_size}")
+        self.cache_size = cache_size
+        #: (query, k) -> (docid, score) hits, least recently used first; read and written under JVM_LOCK
+        self._hits_cache: OrderedDict[tuple[str, int], list[tuple[str, float]]] = OrderedDict()
+        self.cache_hits = 0
         self.threads = threads or max(1, min(8, os.cpu_count() or 1))
         self.index_dir, self.index_built = build_lucene_index(
             self.passages, self.fingerprint, cache_dir, threads=self.threads, rebuild=rebuild
@@ -251,7 +263,7 @@ class BM25Retriever(CorpusRetriever):
         if not live:
             return out
         with JVM_LOCK:
-            hits_per_query = self._lucene_hits(live, k)
+            hits_per_query = self._cached_hits(live, k)
         for i, hits in zip(idx, hits_per_query, strict=True):
             ranked = []
             for docid, score in hits:
@@ -259,6 +271,27 @@ class BM25Retriever(CorpusRetriever):
                 ranked.append(Passage(p.id, p.title, p.text, score))
             out[i] = ranked
         return out
+
+    def _cached_hits(self, live: list[str], k: int) -> list[list[tuple[str, float]]]:
+        """:meth:`_lucene_hits` through the LRU cache: only queries not seen lately go to Java (once each,
+        in one call). Call with ``JVM_LOCK`` held."""
+        cache = self._hits_cache
+        found: dict[str, list[tuple[str, float]]] = {}
+        for q in live:
+            hits = cache.get((q, k))
+            if hits is not None:
+                cache.move_to_end((q, k))
+                found[q] = hits
+                self.cache_hits += 1
+        misses = list(dict.fromkeys(q for q in live if q not in found))
+        if misses:
+            for q, hits in zip(misses, self._lucene_hits(misses, k), strict=True):
+                found[q] = hits
+                if self.cache_size:
+                    cache[(q, k)] = hits
+            while len(cache) > self.cache_size:
+                cache.popitem(last=False)
+        return [found[q] for q in live]
 
     def _lucene_hits(self, live: list[str], k: int) -> list[list[tuple[str, float]]]:
         """``(docid, score)`` per query, read out of Java. Call with ``JVM_LOCK`` held: every Java
