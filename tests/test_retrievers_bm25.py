@@ -82,11 +82,11 @@ def test_batch_path_matches_single_query_path(bm25):
     ]
 
 
-def test_repeated_queries_come_from_the_cache_with_the_same_hits(cache, monkeypatch):
+def test_repeated_queries_come_from_the_cache_with_the_same_hits(tmp_path, monkeypatch):
     """An RL group's samples mostly send the same query: the LRU cache answers repeats without Java,
     with the passages and scores Lucene gives, per (query, k), and never holds more than cache_size."""
-    cached = BM25Retriever(CORPUS, cache_dir=cache, cache_size=2)
-    plain = BM25Retriever(CORPUS, cache_dir=cache, cache_size=0)
+    cached = BM25Retriever(CORPUS, cache_dir=tmp_path, cache_size=2)
+    plain = BM25Retriever(CORPUS, cache_dir=tmp_path)
     calls: list[list[str]] = []
     lucene = cached._lucene_hits
     monkeypatch.setattr(cached, "_lucene_hits", lambda live, k: calls.append(list(live)) or lucene(live, k))
@@ -105,7 +105,18 @@ def test_repeated_queries_come_from_the_cache_with_the_same_hits(cache, monkeypa
         cached.close()
         plain.close()
     with pytest.raises(ValueError, match="cache_size"):
-        BM25Retriever(CORPUS, cache_dir=cache, cache_size=-1)
+        BM25Retriever(CORPUS, cache_dir=tmp_path, cache_size=-1)
+
+
+def test_search_envs_share_one_caching_retriever():
+    """The envs of a rollout (one per sample) search through one shared BM25 retriever with the query
+    cache on; a standalone retriever (a server, a benchmark) has it off unless asked."""
+    import srpo_envs
+    from srpo_envs.search import QUERY_CACHE
+
+    a, b = (srpo_envs.make("MultiTurnSearch-v0", kb_seed=1).unwrapped for _ in range(2))
+    assert a.retriever is b.retriever and a.retriever.cache_size == QUERY_CACHE > 0
+    assert BM25Retriever.__init__.__kwdefaults__["cache_size"] == 0
 
 
 def test_query_with_more_terms_than_lucene_default_clause_limit(bm25):

@@ -209,9 +209,11 @@ class BM25Retriever(CorpusRetriever):
     queries one after another, without a Java thread pool). ``index_built`` tells
     whether this construction had to build the index (False when it came from the cache).
 
-    ``cache_size`` most recent ``(query, k)`` results are kept (0: none): Lucene's ranking is a pure
-    function of the query, and an RL group's samples mostly send the same query (the question's
-    name), so a repeated query skips the JVM round trip with the same passages and scores.
+    ``cache_size`` most recent ``(query, k)`` results are kept (default 0: none, so a server or a
+    benchmark measures Lucene): the ranking is a pure function of the query, and an RL group's samples
+    mostly send the same query (the question's name), so the search env's shared retriever keeps
+    :data:`srpo_envs.search.QUERY_CACHE` of them and a repeat skips the JVM round trip, with the same
+    passages and scores.
 
     Safe to call from several threads (calls are serialised on ``JVM_LOCK``), but each Python
     thread that searches attaches itself to the JVM and stays attached: call it from long-lived
@@ -229,7 +231,7 @@ class BM25Retriever(CorpusRetriever):
         b: float = 0.4,
         threads: int | None = None,
         rebuild: bool = False,
-        cache_size: int = 4096,
+        cache_size: int = 0,
     ) -> None:
         super().__init__(corpus)
         if cache_size < 0:
