@@ -238,6 +238,7 @@ DECISION_SEEDS: dict[str, int] = {
     "quick-columns-routed5": 10,
     # five seeds for a search decision (64 iterations per run; no power pilot has sized it yet)
     "quick-search": 5,
+    "quick-search-routed": 5,
 }
 #: ``--eval-k`` / ``--eval-limit`` defaults of ``srpo bench compare`` / ``ablation`` / ``power --suite S``:
 #: every held-out problem (128 per size) with k=4, the design ``srpo bench power`` sizes (the README's
@@ -255,16 +256,20 @@ QUICK_SEARCH_RL_WORLDS: tuple[int, ...] = tuple(
     range(QUICK_SEARCH_TRAIN_KB_SEED, QUICK_SEARCH_TRAIN_KB_SEED + 16)
 )
 #: Env kwargs of ``bench compare`` / ``ablation`` / ``power --suite S`` over the suite's training env
-#: (``bench quick`` keeps :data:`TRAINING_ENVS`' one world and its budget; quick-search-routed's ablation
-#: in the README was measured in that world).
+#: (``bench quick`` keeps :data:`TRAINING_ENVS`' one world and its budget). The routed search suite
+#: trains as quick-search does: its search ablation is a decision too.
 DECISION_ENV_KWARGS: dict[str, dict[str, Any]] = {
     "quick-search": {"kb_seed": list(QUICK_SEARCH_RL_WORLDS)},
+    "quick-search-routed": {"kb_seed": list(QUICK_SEARCH_RL_WORLDS)},
 }
 #: ``TrainConfig`` overrides of ``bench compare`` / ``ablation`` / ``power --suite S`` over the suite's
 #: ``bench quick`` settings: search RL that moves held-out accuracy needs many worlds, groups with a
 #: reward difference (DAPO's dynamic sampling) and many iterations (the README has what each gave).
 DECISION_TRAIN: dict[str, dict[str, Any]] = {
     "quick-search": {"iterations": 64, "filter_groups": True},
+    # the router settles on one searcher within ~10 iterations (more searchers send the same query and
+    # find nothing more; each costs reward), after which every normalisation trains the same K=1 events
+    "quick-search-routed": {"iterations": 32, "filter_groups": True},
 }
 #: Defaults of ``srpo bench compare`` / ``ablation`` that are not RL settings.
 COMPARE_DEFAULTS: dict[str, Any] = {

@@ -9,8 +9,15 @@ iteration's pool, at most ``max_gen_batches`` rollout batches, until ``tasks_per
 signal are in hand (as verl's DAPO recipe does with ``max_num_gen_batches``); the surplus of the last
 batch is cut so that every update sees the same number of groups.
 
-A group is flat when every row of it has the same reward: event rewards include an event's own
-penalties (a format penalty), so a group whose outcomes agree but whose penalties differ still teaches.
+What makes a group informative is ``TrainConfig.filter_signal``. ``reward`` (the default): a group is
+flat when every row of it has the same reward; event rewards include an event's own penalties (a format
+penalty) and a routed team's member costs, so a group whose outcomes agree but whose penalties differ
+still teaches. ``correct`` is DAPO's own rule: a group is informative when some but not all of its G
+rollouts solved the task. With a member cost the difference matters: in a group that failed every
+rollout the costs are the only reward difference, and a std-normalised advantage turns that small
+difference into a full-size push toward fewer searchers and fewer rounds (on quick-search-routed RL
+stopped asking for the second search round that two-hop questions need; README). ``correct`` drops
+those groups, so costs are learned only where they break ties between outcomes.
 """
 
 from __future__ import annotations
@@ -20,13 +27,20 @@ from dataclasses import dataclass
 
 from agents.rollout import RolloutBatch
 
+#: ``TrainConfig.filter_signal`` values: what must differ within a group for it to be kept.
+FILTER_SIGNALS = ("reward", "correct")
 
-def informative_groups(batch: RolloutBatch) -> list[str]:
-    """The batch's group ids whose rows' rewards are not all equal, in first-appearance order."""
-    rewards: dict[str, set[float]] = {}
+
+def informative_groups(batch: RolloutBatch, signal: str = "reward") -> list[str]:
+    """The batch's group ids whose rows' rewards (``signal="reward"``) or outcomes (``"correct"``: solved
+    or not) are not all equal, in first-appearance order."""
+    if signal not in FILTER_SIGNALS:
+        raise ValueError(f"filter signal must be one of {FILTER_SIGNALS}, got {signal!r}")
+    values: dict[str, set[float]] = {}
     for row in batch.rows:
-        rewards.setdefault(row.group_id, set()).add(float(row.reward))
-    return [g for g, values in rewards.items() if len(values) > 1]
+        value = float(row.reward) if signal == "reward" else float(row.correct)
+        values.setdefault(row.group_id, set()).add(value)
+    return [g for g, seen in values.items() if len(seen) > 1]
 
 
 def select_groups(batch: RolloutBatch, groups: Sequence[str]) -> RolloutBatch:

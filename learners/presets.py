@@ -45,6 +45,15 @@ _SEARCH: dict[str, Any] = {
     "save_dtype": "float32",
 }
 
+#: mini-search-worlds-sft: four passes across the invented worlds.
+_SEARCH_WORLDS: tuple[dict[str, Any], ...] = (
+    {**_SEARCH, "steps": 2500},
+    {**_SEARCH, "steps": 2500, "seed": 1, "lr": 1.5e-3, "save_dtype": "bfloat16"},
+    {**_SEARCH, "steps": 2500, "seed": 2, "lr": 1.5e-3, "save_dtype": "bfloat16"},
+    # the third pass's loss was still falling: a fourth at a lower peak rate (README: each pass's EM)
+    {**_SEARCH, "steps": 2500, "seed": 3, "lr": 1e-3, "save_dtype": "bfloat16"},
+)
+
 #: Recipe name -> the SFT passes (``SFTConfig`` overrides), run one after another.
 RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
     "math": ({}, {"steps": 2000, "lr": 1e-3, "refine_steps": 0, "seed": 2}),
@@ -75,20 +84,11 @@ RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
         },
     ),
     "search": ({"domain": "search"},),
-    "search-worlds": (
-        {**_SEARCH, "steps": 2500},
-        {**_SEARCH, "steps": 2500, "seed": 1, "lr": 1.5e-3, "save_dtype": "bfloat16"},
-        {**_SEARCH, "steps": 2500, "seed": 2, "lr": 1.5e-3, "save_dtype": "bfloat16"},
-        # the third pass's loss was still falling: a fourth at a lower peak rate (README: each pass's EM)
-        {**_SEARCH, "steps": 2500, "seed": 3, "lr": 1e-3, "save_dtype": "bfloat16"},
-    ),
-    # search-worlds' first three passes plus one routed pass with five teacher searchers: its router
-    # sends 1..5 (the search-worlds teacher played the parallel workflow only, so that warm start never
-    # routes); built before search-worlds had its fourth pass
+    "search-worlds": _SEARCH_WORLDS,
+    # search-worlds' four passes plus one routed pass with five teacher searchers: its router sends
+    # 1..5 (the search-worlds teacher played the parallel workflow only, so that warm start never routes)
     "search-worlds-routed": (
-        {**_SEARCH, "steps": 2500},
-        {**_SEARCH, "steps": 2500, "seed": 1, "lr": 1.5e-3, "save_dtype": "bfloat16"},
-        {**_SEARCH, "steps": 2500, "seed": 2, "lr": 1.5e-3, "save_dtype": "bfloat16"},
+        *_SEARCH_WORLDS,
         {
             **_SEARCH,
             "search_workflow": "routed",
@@ -97,7 +97,7 @@ RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
             "steps": 400,
             "lr": 3e-4,
             "warmup": 20,
-            "seed": 3,
+            "seed": 4,
             "save_dtype": "bfloat16",
         },
     ),

@@ -64,7 +64,7 @@ from learners.batching import (
 from learners.critic import ValueCritic
 from learners.diagnostics import GradingMonitor, k_stats
 from learners.distributed import DP_ENGINES, all_reduce_sum, broadcast_object
-from learners.dynamic_sampling import FilterStats, informative_groups, select_groups
+from learners.dynamic_sampling import FILTER_SIGNALS, FilterStats, informative_groups, select_groups
 from learners.losses import (
     AGG_MODES,
     EVENT_NORMS,
@@ -127,6 +127,9 @@ class TrainConfig:
     filter_groups: bool = False
     """dynamic sampling (DAPO): drop a task's G rollouts when all their rewards are equal (no
     group-relative signal) and roll out more of the iteration's tasks until tasks_per_iter groups remain"""
+    filter_signal: str = "reward"
+    """filter_groups: what must differ within a group to keep it: reward (penalties and member costs
+    count) or correct (DAPO's rule: some but not all rollouts solved the task)"""
     max_gen_batches: int = 3
     """filter_groups: at most this many rollout batches of tasks_per_iter tasks per iteration (then the
     update takes the groups it has)"""
@@ -313,6 +316,8 @@ class TrainConfig:
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.filter_signal not in FILTER_SIGNALS:
+            raise ValueError(f"filter_signal must be one of {FILTER_SIGNALS}, got {self.filter_signal!r}")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:<i>, got {self.device!r}")
         sizes = (self.iterations, self.tasks_per_iter, self.group_size, self.epochs, self.rows_per_batch)
@@ -744,7 +749,7 @@ class Trainer:
                 _iteration_seed(cfg.seed, it, 99 + b),
             )
             generated.append(batch)
-            groups = informative_groups(batch)[: cfg.tasks_per_iter - filtered.groups_kept]
+            groups = informative_groups(batch, cfg.filter_signal)[: cfg.tasks_per_iter - filtered.groups_kept]
             kept.append(select_groups(batch, groups))
             filtered.gen_batches += 1
             filtered.groups_generated += len({r.group_id for r in batch.rows})

@@ -38,6 +38,25 @@ def test_flat_groups_are_found_and_selection_keeps_whole_groups() -> None:
     assert sorted(kept.events) == ["t2-g0", "t2-g1"]
 
 
+def test_a_group_that_differs_only_in_costs_is_dropped_by_the_correct_signal() -> None:
+    """DAPO's rule (filter_signal="correct"): keep a group only when some but not all rollouts solved the
+    task. A routed team's failed group whose member costs differ has a reward signal, not an outcome one."""
+
+    def row(group: str, g: int, reward: float, correct: bool) -> Row:
+        return make_row(f"{group}-g{g}/0", 0, 1, reward=reward, task_id=group, group_id=group, correct=correct)
+
+    rows = [row("costs", 0, -0.02, False), row("costs", 1, -0.10, False)]  # all failed, K differed
+    rows += [row("mixed", 0, 0.98, True), row("mixed", 1, -0.02, False)]
+    rows += [row("solved", 0, 0.98, True), row("solved", 1, 0.90, True)]  # all solved, costs differ
+    batch = RolloutBatch(rows=rows, episodes=[], events={})
+    assert informative_groups(batch) == ["costs", "mixed", "solved"]
+    assert informative_groups(batch, "correct") == ["mixed"]
+    with pytest.raises(ValueError, match="filter signal"):
+        informative_groups(batch, "outcome")
+    with pytest.raises(ValueError, match="filter_signal"):
+        update_check_config("/nonexistent", "/tmp/unused", filter_signal="outcome")
+
+
 @pytest.mark.parametrize("max_gen_batches", [3, 1])
 def test_trainer_refills_the_batch_with_informative_groups(
     tiny_model_dir: Path, tmp_path: Path, max_gen_batches: int
