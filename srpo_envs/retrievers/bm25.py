@@ -213,7 +213,7 @@ class BM25Retriever(CorpusRetriever):
     benchmark measures Lucene): the ranking is a pure function of the query, and an RL group's samples
     mostly send the same query (the question's name), so the search env's shared retriever keeps
     :data:`srpo_envs.search.QUERY_CACHE` of them and a repeat skips the JVM round trip, with the same
-    passages and scores.
+    passages and scores (``cache_hits`` counts those).
 
     Safe to call from several threads (calls are serialised on ``JVM_LOCK``), but each Python
     thread that searches attaches itself to the JVM and stays attached: call it from long-lived
