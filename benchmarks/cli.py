@@ -26,6 +26,7 @@ from benchmarks.presets import (  # noqa: F401  (re-exported: the presets' old h
     TRAINING_ENVS,
     TrainingEnv,
 )
+from learners.dynamic_sampling import FILTER_SIGNALS
 from srpo_common import parse_kv, weights_sha256
 
 app = typer.Typer(help="Benchmarks: evaluate models on the benchmark suites.", no_args_is_help=True)
@@ -475,6 +476,7 @@ def _train_overrides(
     epochs: int | None = None,
     minibatches_per_iter: int | None = None,
     clip_eps: float | None = None,
+    filter_signal: str | None = None,
 ) -> dict[str, Any]:
     """The ``TrainConfig`` overrides every variant shares: the suite's ``bench quick`` settings
     (:data:`benchmarks.presets.QUICK_SETTINGS`, so ``bench compare --suite S`` reproduces the main job's
@@ -500,7 +502,10 @@ def _train_overrides(
         "epochs": epochs,
         "minibatches_per_iter": minibatches_per_iter,
         "clip_eps": clip_eps,
+        "filter_signal": filter_signal,
     }
+    if filter_signal is not None and filter_signal not in FILTER_SIGNALS:
+        raise typer.BadParameter(f"--filter-signal must be one of {', '.join(FILTER_SIGNALS)}, got {filter_signal!r}")
     out.update({k: v for k, v in given.items() if v is not None})
     return out
 
@@ -528,6 +533,10 @@ _ROWS_HELP = "rows per minibatch (an iteration's rows / this = optimizer steps; 
 _EPOCHS_HELP = "passes over each rollout batch (> 1: off-policy updates; default: the suite's preset)"
 _MINIBATCHES_HELP = "split each rollout batch into this many minibatches (overrides --rows-per-batch)"
 _CLIP_HELP = "ratio clip range shared by every variant (default: TrainConfig's 0.2)"
+_FILTER_SIGNAL_HELP = (
+    "dynamic sampling keeps a group whose rewards differ (reward) or whose outcomes differ (correct, "
+    "DAPO's rule); default: the suite's preset, else TrainConfig's reward"
+)
 _TRAIN_ENV_KWARG_HELP = (
     "training env kwarg KEY=VALUE over the suite's (repeatable; VALUE is JSON when it parses, e.g. "
     "kb_seed=[3,4,5]); evaluation stays on the suite's held-out split"
@@ -588,6 +597,7 @@ def compare_cmd(
     epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
     minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
     clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
+    filter_signal: str | None = typer.Option(None, help=_FILTER_SIGNAL_HELP),
     env_kwarg: list[str] | None = typer.Option(None, "--env-kwarg", help=_TRAIN_ENV_KWARG_HELP),
     workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
@@ -613,6 +623,7 @@ def compare_cmd(
         epochs=epochs,
         minibatches_per_iter=minibatches_per_iter,
         clip_eps=clip_eps,
+        filter_signal=filter_signal,
     )
     _run_compare(
         model,
@@ -650,6 +661,7 @@ def ablation_cmd(
     epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
     minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
     clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
+    filter_signal: str | None = typer.Option(None, help=_FILTER_SIGNAL_HELP),
     env_kwarg: list[str] | None = typer.Option(None, "--env-kwarg", help=_TRAIN_ENV_KWARG_HELP),
     workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
     ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
@@ -671,6 +683,7 @@ def ablation_cmd(
         epochs=epochs,
         minibatches_per_iter=minibatches_per_iter,
         clip_eps=clip_eps,
+        filter_signal=filter_signal,
     )
     _run_compare(
         model,

@@ -267,9 +267,9 @@ DECISION_ENV_KWARGS: dict[str, dict[str, Any]] = {
 #: reward difference (DAPO's dynamic sampling) and many iterations (the README has what each gave).
 DECISION_TRAIN: dict[str, dict[str, Any]] = {
     "quick-search": {"iterations": 64, "filter_groups": True},
-    # the router settles on one searcher within ~10 iterations (more searchers send the same query and
-    # find nothing more; each costs reward), after which every normalisation trains the same K=1 events
-    "quick-search-routed": {"iterations": 32, "filter_groups": True},
+    # groups kept by DAPO's rule (some but not all rollouts solved the task): kept by reward, a failed
+    # group's member costs alone taught the router one searcher and the team one round (README)
+    "quick-search-routed": {"iterations": 32, "filter_groups": True, "filter_signal": "correct"},
 }
 #: Defaults of ``srpo bench compare`` / ``ablation`` that are not RL settings.
 COMPARE_DEFAULTS: dict[str, Any] = {

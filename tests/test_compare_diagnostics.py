@@ -144,6 +144,13 @@ def test_compare_defaults_are_the_suites_bench_quick_settings(monkeypatch) -> No
     ablation = CliRunner().invoke(cli.app, ["ablation", "--model", "m", "--suite", "quick-columns"])
     assert ablation.exit_code == 0, ablation.output
     assert seen[-1][0] == QUICK_SETTINGS["quick-columns"]["train"]
+    # the routed search suite keeps groups by outcome (DAPO's rule) unless told otherwise
+    ablation = CliRunner().invoke(cli.app, ["ablation", "--model", "m", "--suite", "quick-search-routed"])
+    assert ablation.exit_code == 0, ablation.output
+    assert seen[-1][0]["filter_signal"] == "correct" and seen[-1][0]["filter_groups"]
+    assert run("--suite", "quick-search-routed", "--filter-signal", "reward")[0]["filter_signal"] == "reward"
+    bad = CliRunner().invoke(cli.app, ["compare", "--model", "m", "--suite", "quick-search", "--filter-signal", "x"])
+    assert bad.exit_code != 0 and "--filter-signal must be one of reward, correct" in bad.output
 
 
 def test_seeds_default_to_the_power_sized_preset(monkeypatch) -> None:  # noqa: ANN001
