@@ -277,6 +277,8 @@ class BM25Retriever(CorpusRetriever):
     def _cached_hits(self, live: list[str], k: int) -> list[list[tuple[str, float]]]:
         """:meth:`_lucene_hits` through the LRU cache: only queries not seen lately go to Java (once each,
         in one call). Call with ``JVM_LOCK`` held."""
+        if not self.cache_size:  # a server or a benchmark: straight to Lucene, as before the cache
+            return self._lucene_hits(live, k)
         cache = self._hits_cache
         found: dict[str, list[tuple[str, float]]] = {}
         for q in live:
@@ -289,8 +291,7 @@ class BM25Retriever(CorpusRetriever):
         if misses:
             for q, hits in zip(misses, self._lucene_hits(misses, k), strict=True):
                 found[q] = hits
-                if self.cache_size:
-                    cache[(q, k)] = hits
+                cache[(q, k)] = hits
             while len(cache) > self.cache_size:
                 cache.popitem(last=False)
         return [found[q] for q in live]
