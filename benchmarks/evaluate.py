@@ -68,7 +68,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Bump when the per-sample record layout or the chunk file layout changes (old caches are ignored).
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 #: Per-dataset metrics put into leaderboard records (``avg@k`` is renamed ``avg@<k>`` there).
 RECORD_METRICS: tuple[str, ...] = (
     "avg@k",
@@ -94,6 +94,7 @@ SAMPLE_RECORD_COLUMNS: tuple[str, ...] = (
     "answer",
     "inputs",
     "inputs_truncated",
+    "evidence_recall",
 )
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
@@ -299,9 +300,30 @@ def sample_records(
                 "episode_id": str(ep.episode_id),
                 "answer": _final_answer(events.get(ep.episode_id, ())),
                 **_input_counts(events.get(ep.episode_id, ())),
+                "evidence_recall": evidence_recall(tasks[t], events.get(ep.episode_id, ())),
             }
         )
     return out
+
+
+def evidence_recall(task: Any, events: Sequence[Any]) -> float | None:
+    """The share of the task's gold passages (``meta["gold_passage_ids"]``) that some search event of
+    the episode retrieved (``info["retrieved_ids"]``); ``None`` where the task names none (math, QA
+    sets without passage ids).
+
+    Why: a search team can fail by not finding the evidence or by misreading what it found; exact
+    match alone cannot tell them apart, and an attempt that retrieved every gold passage bounds what
+    better reading could answer."""
+    gold = list((getattr(task, "meta", None) or {}).get("gold_passage_ids") or [])
+    if not gold:
+        return None
+    found = {
+        pid
+        for e in events
+        for ids in ((getattr(e, "info", None) or {}).get("retrieved_ids") or {}).values()
+        for pid in ids
+    }
+    return sum(g in found for g in gold) / len(gold)
 
 
 def _input_counts(events: Sequence[Any]) -> dict[str, int]:
@@ -320,8 +342,9 @@ def team_k(ks: Sequence[int]) -> int:
 
 
 def team_columns(samples: pd.DataFrame) -> pd.DataFrame:
-    """Per-dataset ``mean_k`` (team size per attempt) and ``trunc_rate`` (cut inputs / inputs; NaN
-    when no agent read another's text), beside accuracy in every eval table."""
+    """Per-dataset ``mean_k`` (team size per attempt), ``trunc_rate`` (cut inputs / inputs; NaN
+    when no agent read another's text) and ``evidence_rate`` (:func:`evidence_found`), beside
+    accuracy in every eval table."""
     rows = {}
     for ds, grp in samples.groupby("dataset", sort=False, observed=True):
         inputs = float(grp["inputs"].sum()) if "inputs" in grp else 0.0
@@ -329,8 +352,19 @@ def team_columns(samples: pd.DataFrame) -> pd.DataFrame:
         rows[ds] = {
             "mean_k": float(np.mean([team_k(list(v)) for v in grp["ks"]])),
             "trunc_rate": cut / inputs if inputs else math.nan,
+            "evidence_rate": evidence_found(grp),
         }
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def evidence_found(samples: pd.DataFrame) -> float:
+    """The share of attempts that retrieved every gold passage of their question (``evidence_recall``
+    of 1), over the attempts whose question names gold passages; NaN when none does (or the frame was
+    saved before the column existed)."""
+    if "evidence_recall" not in samples:
+        return math.nan
+    known = pd.to_numeric(samples["evidence_recall"], errors="coerce").dropna()
+    return float((known >= 1.0).mean()) if len(known) else math.nan
 
 
 def _final_answer(events: Sequence[Any]) -> str | None:
@@ -401,6 +435,11 @@ def _record_problem(r: Any, costed: bool = False) -> str | None:
         return "answer is neither a string nor null"
     if not isinstance(r["ks"], list) or not isinstance(r["event_types"], list):
         return "ks/event_types are not lists"
+    recall = r["evidence_recall"]
+    if recall is not None and (
+        isinstance(recall, bool) or not isinstance(recall, int | float) or not 0.0 <= recall <= 1.0
+    ):
+        return "evidence_recall is neither null nor a number in [0, 1]"
     return None
 
 
@@ -688,7 +727,8 @@ def print_table(result: EvalResult, console: Any = None) -> Any:
         title=f"{result.suite} / {result.workflow} / k={result.k}",
         caption="avg@k: mean accuracy over the k samples; pass@k: unbiased estimator; "
         "utility: correct samples per 1M team tokens; mean K: team size per attempt; "
-        "trunc: share of agent-to-agent inputs cut by the env's input limit",
+        "trunc: share of agent-to-agent inputs cut by the env's input limit; "
+        "gold found: share of attempts that retrieved every gold passage (search)",
     )
     table.add_column("dataset", style="bold", no_wrap=True)
     for name in (
@@ -699,6 +739,7 @@ def print_table(result: EvalResult, console: Any = None) -> Any:
         "tools/problem",
         "mean K",
         "trunc",
+        "gold found",
         "utility",
     ):
         table.add_column(name, justify="right")
@@ -708,6 +749,7 @@ def print_table(result: EvalResult, console: Any = None) -> Any:
         vals += [_fmt(row[f"pass@{x}"], ".3f") for x in ks if x != 1]
         vals += [_fmt(row["team_tokens_per_problem"], ".1f"), _fmt(row["tool_calls_per_problem"], ".2f")]
         vals += [_fmt(row.get("mean_k", math.nan), ".2f"), _fmt(row.get("trunc_rate", math.nan), ".3f")]
+        vals.append(_fmt(row.get("evidence_rate", math.nan), ".3f"))
         vals.append(_fmt(row["utility"], ".1f"))
         return vals
 

@@ -4,7 +4,8 @@ A suite's macro score averages over its problems, so a gain on the easy stratum 
 hard one did not move (on the knowledge-base suites, two-hop questions: read the bridge entity's
 name, search for it, read again). Every task that carries the stratum key in its ``meta`` (the
 knowledge-base tasks' ``hops``) is labelled with it; for each method and stratum this module reports
-accuracy, tool calls and team size K (mean ± std over training seeds) and what training gained over
+accuracy, tool calls, team size K and the share of attempts that retrieved every gold passage
+(mean ± std over training seeds: what the team found beside what it answered) and what training gained over
 the start model on exactly that stratum's problems, with the paired interval of
 :mod:`benchmarks.decide` (same eval seeds, same problems). Pure functions over the runners' sample
 frames; ``bench compare`` / ``ablation`` write ``by_hop.csv`` / ``by_hop.md`` with them.
@@ -21,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import decide
-from benchmarks.evaluate import team_k
+from benchmarks.evaluate import evidence_found, team_k
 from benchmarks.report import format_mean_std, mean_std
 
 #: The task ``meta`` key strata are read from, and how a stratum is named in tables.
@@ -72,7 +73,8 @@ def strata_frame(
     baseline: str | None = decide.START,
     margin: float = decide.MARGIN,
 ) -> pd.DataFrame:
-    """One row per (method, stratum): problems, accuracy, tool calls and K (mean and std over seeds),
+    """One row per (method, stratum): problems, accuracy, tool calls, K and gold evidence found
+    (:func:`benchmarks.evaluate.evidence_found`; NaN for runs saved without it), each mean and std over seeds,
     and, for every method but ``baseline``, its paired gain over ``baseline`` on that stratum (Δ and
     its 95% interval in score units, verdict, MDE), as :func:`benchmarks.decide.decide` computes it.
 
@@ -100,6 +102,7 @@ def strata_frame(
             acc = mean_std([float(by_seed[s]["correct"].mean()) for s in seeds])
             tools = mean_std([float(by_seed[s]["tool_calls"].mean()) for s in seeds])
             ks = mean_std([_mean_k(by_seed[s]) for s in seeds])
+            found = mean_std([evidence_found(by_seed[s]) for s in seeds])
             row: dict[str, Any] = {
                 "method": method,
                 "stratum": label,
@@ -111,6 +114,8 @@ def strata_frame(
                 "tool_calls_std": tools[1],
                 "mean_k": ks[0],
                 "mean_k_std": ks[1],
+                "evidence": found[0],
+                "evidence_std": found[1],
             }
             if baseline is not None and baseline in matrices and method != baseline:
                 gain = decide.decide(
@@ -156,6 +161,10 @@ def strata_markdown(frame: pd.DataFrame, title: str) -> str:
                 "-" if math.isnan(a) else format_mean_std(a, s, digits=2)
                 for a, s in zip(frame["mean_k"], frame["mean_k_std"], strict=True)
             ],
+            "gold found (%)": [
+                "-" if math.isnan(a) else f"{_pt(a)} ± {_pt(s)}"
+                for a, s in zip(frame["evidence"], frame["evidence_std"], strict=True)
+            ],
             "gain over start (pt)": [
                 "" if pd.isna(g) else f"{_pt(g, True)} [{_pt(lo, True)}, {_pt(hi, True)}] {v}"
                 for g, lo, hi, v in gains.itertuples(index=False)
@@ -164,7 +173,8 @@ def strata_markdown(frame: pd.DataFrame, title: str) -> str:
         }
     )
     legend = (
-        f"EM, tool calls and K per attempt: mean ± std over training seeds; gain: paired by eval seed and "
+        f"EM, tool calls, K per attempt and gold found (attempts that retrieved every gold passage of their "
+        f"question): mean ± std over training seeds; gain: paired by eval seed and "
         f"problem on that {STRATUM_NAME}'s problems only, 95% interval and verdict as in decisions.md."
     )
     return f"## {title}: held-out results by {STRATUM_NAME}\n\n{to_markdown(shown)}\n\n{legend}\n"

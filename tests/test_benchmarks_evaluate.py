@@ -313,10 +313,10 @@ class SearchPolicy:
 
 def test_quick_search_suite() -> None:
     pytest.importorskip("srpo_envs.search", reason="search env not importable yet", exc_type=ImportError)
-    from benchmarks.suites import _knowledge_base
+    from benchmarks.suites import QUICK_SEARCH_EVAL_KB_SEED, _knowledge_base
     from srpo_envs.retrievers.base import Passage, Retriever
 
-    passages, _ = _knowledge_base(0, "all")
+    passages, _ = _knowledge_base(QUICK_SEARCH_EVAL_KB_SEED, "all")  # the world the suite evaluates in
 
     class TitleRetriever(Retriever):
         """Passages whose title occurs in the query (no index, no JVM: fast and deterministic)."""
@@ -332,20 +332,50 @@ def test_quick_search_suite() -> None:
         "parallel",
         2,
         sampling=SAMPLING,
-        limit=6,
+        limit=14,
         progress=False,
         env_kwargs={"retriever": TitleRetriever(), "max_turns": 1},
     )
-    assert len(res.samples) == 6 * 2 and list(res.table.index) == ["kb"]
+    assert len(res.samples) == 14 * 2 and list(res.table.index) == ["kb"]
     # two searchers each send one query per episode
     assert (res.samples["tool_calls"] == 2).all() and res.table.at["kb", "tool_calls_per_problem"] == 2
     assert (res.samples["ks"].map(list).map(tuple) == (2, 1)).all()
     assert res.run_info["corpus"]["retriever"] == "TitleRetriever"
     ds = SUITES["quick-search"].datasets[0]
-    assert res.run_info["dataset_sha256"]["kb"] == tasks_sha256(ds.load_tasks(6))
-    assert all(t.meta["split"] == "test" for t in ds.load_tasks(6))
+    assert res.run_info["dataset_sha256"]["kb"] == tasks_sha256(ds.load_tasks(14))
+    assert all(t.meta["split"] == "test" for t in ds.load_tasks(14))
     record = res.to_record("scripted", model_id="search-policy")
     assert record.provenance.retriever == "TitleRetriever"
+    # one round of queries that copy the question: the subject's passage (named in the question) is
+    # found, a two-hop question's bridge passage is not
+    hops = {t.id: int(t.meta["hops"]) for t in ds.load_tasks(14)}
+    assert set(hops.values()) == {1, 2}
+    expected = res.samples["problem_id"].map(lambda pid: 1.0 if hops[pid] == 1 else 0.5)
+    assert (res.samples["evidence_recall"] == expected).all()
+    one_hop_share = sum(h == 1 for h in hops.values()) / len(hops)
+    assert res.table.at["kb", "evidence_rate"] == pytest.approx(one_hop_share)
+
+
+def test_evidence_recall_is_undefined_without_gold_passages(full_result: EvalResult) -> None:
+    """Math tasks name no gold passages: the column holds nulls and the table NaN, not 0."""
+    assert full_result.samples["evidence_recall"].isna().all()
+    assert full_result.table["evidence_rate"].isna().all()
+
+
+@pytest.mark.parametrize(("recall", "rerolled"), [(0.5, 0), (1.5, 2), ("all", 2), (True, 2)])
+def test_cached_evidence_recall_is_checked(tmp_path, recall: object, rerolled: int) -> None:
+    """A cached record whose evidence_recall is a number in [0, 1] is reused; anything else makes the
+    chunk untrustworthy, as a truncated one is (its episodes are rolled out again)."""
+    _run(ArithPolicy(), cache_dir=tmp_path, limit=4)
+    chunk = sorted(tmp_path.rglob("chunk-*.jsonl"))[0]
+    records = [json.loads(line) for line in chunk.read_text().splitlines()]
+    records[0]["evidence_recall"] = recall
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+    chunk.write_text(data)
+    chunk.with_name(chunk.name + ".sha256").write_text(hashlib.sha256(data.encode()).hexdigest() + "\n")
+    policy = ArithPolicy()
+    _run(policy, cache_dir=tmp_path, limit=4)
+    assert policy.calls == rerolled
 
 
 def test_cli_eval_writes_results_and_resumes(tmp_path, monkeypatch) -> None:

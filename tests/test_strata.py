@@ -112,6 +112,8 @@ def test_bench_report_writes_the_hop_table_of_saved_search_runs(tmp_path) -> Non
                     "ks": [2, 1],
                     "inputs": 2,
                     "inputs_truncated": 0,
+                    # the start's runs stand for evaluations saved before the column existed
+                    **({} if method == START else {"evidence_recall": 1.0 if label == "1-hop" else 0.5}),
                 }
                 for (_, pid), label in strata.items()
                 for g in range(4)
@@ -133,6 +135,11 @@ def test_bench_report_writes_the_hop_table_of_saved_search_runs(tmp_path) -> Non
     by_hop = pd.read_csv(tmp_path / "rep" / "by_hop.csv")
     frame = by_hop.set_index(["method", "stratum"])
     assert frame.loc[("srpo", "1-hop"), "gain"] > 0.3 and abs(frame.loc[("srpo", "2-hop"), "gain"]) < 0.1
+    # gold found: every gold passage of a one-hop question, half of a two-hop one's (so none fully)
+    assert frame.loc[("srpo", "1-hop"), "evidence"] == 1.0 and frame.loc[("srpo", "2-hop"), "evidence"] == 0.0
+    assert np.isnan(frame.loc[(START, "1-hop"), "evidence"])
+    md = (tmp_path / "rep" / "by_hop.md").read_text()
+    assert "gold found (%)" in md and "100.0 ± 0.0" in md
     assert "held-out results by hop" in res.output
     # the start model's directory sorts after srpo's, yet every table reads before -> after
     assert all(list(rows["method"]) == [START, "srpo"] for _, rows in by_hop.groupby("stratum"))
