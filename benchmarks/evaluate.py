@@ -314,15 +314,12 @@ def evidence_recall(task: Any, events: Sequence[Any]) -> float | None:
     Why: a search team can fail by not finding the evidence or by misreading what it found; exact
     match alone cannot tell them apart, and an attempt that retrieved every gold passage bounds what
     better reading could answer."""
+    from srpo_envs.search import episode_retrieved_ids
+
     gold = list((getattr(task, "meta", None) or {}).get("gold_passage_ids") or [])
     if not gold:
         return None
-    found = {
-        pid
-        for e in events
-        for ids in ((getattr(e, "info", None) or {}).get("retrieved_ids") or {}).values()
-        for pid in ids
-    }
+    found = episode_retrieved_ids(events)
     return sum(g in found for g in gold) / len(gold)
 
 

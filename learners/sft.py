@@ -420,7 +420,9 @@ def kb_accuracy(
 
 def subject_retrieved(events: Sequence[Any], passage_id: str) -> bool:
     """Whether any search event of an episode (``env.events``) retrieved the passage ``passage_id``."""
-    return any(passage_id in ids for ev in events for ids in ev.info.get("retrieved_ids", {}).values())
+    from srpo_envs.search import episode_retrieved_ids
+
+    return passage_id in episode_retrieved_ids(events)
 
 
 def kb_search_stats(

@@ -313,6 +313,17 @@ class MultiTurnSearchEnv(EventParallelEnv):
         return passage.title if passage is not None else None
 
 
+def episode_retrieved_ids(events: Sequence[Any]) -> set[str]:
+    """Ids of every passage the search events of an episode (``env.events``) retrieved, read from the
+    ``info["retrieved_ids"]`` each search transition records; empty for events that hold none."""
+    return {
+        pid
+        for e in events
+        for ids in ((getattr(e, "info", None) or {}).get("retrieved_ids") or {}).values()
+        for pid in ids
+    }
+
+
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
