@@ -31,6 +31,12 @@ TIS weights. Against a server that returns no token ids (OpenAI itself, most oth
 local tokenizer's re-tokenisation of the text (empty without a ``tokenizer``) and its log-probs NaN:
 fine for evaluation tables, refused by training.
 
+Sampling. Every request names the whole sampling set, not just temperature and top_p: the neutral
+values (:data:`NEUTRAL_SAMPLING`: no presence/frequency penalty; :data:`NEUTRAL_VLLM_SAMPLING`:
+``top_k=-1``, ``min_p=0``, ``repetition_penalty=1``, ``min_tokens=0``) unless ``extra_body`` chooses
+others, because a server fills what a request leaves out from the model's generation config.
+``srpo train --backend openai`` also checks the outcome before training (:mod:`learners.served`).
+
 Prompts. With ``api="auto"`` chat messages go to the chat endpoint (the server applies the model's
 chat template, as :func:`agents.hf.encode_request` does in-process) and text or ``prompt_ids`` go to
 completions. With a local ``tokenizer`` every request is tokenised here with
@@ -77,7 +83,19 @@ VLLM_FIELDS = (
     "include_stop_str_in_output",
     "skip_special_tokens",
     "ignore_eos",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "min_tokens",
 )
+#: The neutral sampling set every request carries unless ``extra_body`` chooses otherwise. A stock
+#: ``vllm serve`` fills each field a request leaves out from the model's ``generation_config.json``
+#: (Qwen2.5-Instruct: ``top_k=20``, ``repetition_penalty=1.05``), so a request that names only
+#: temperature and top_p is sampled from a truncated, penalised distribution while a learner assumes
+#: ``softmax(logits / T)``. OpenAI's own penalty fields go to every server; vLLM's extension fields
+#: (also in :data:`VLLM_FIELDS`) only while ``vllm_fields`` is not False.
+NEUTRAL_SAMPLING: dict[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+NEUTRAL_VLLM_SAMPLING: dict[str, Any] = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0}
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 #: How ``srpo bench eval`` / ``srpo demo`` spell a served model: ``openai:NAME``.
 MODEL_PREFIX = "openai:"
@@ -140,7 +158,9 @@ class OpenAIPolicy:
         cache_path: JSON-lines response cache (resume without re-asking); ``None``: no cache.
         policy_version: the version rows record (the learner bumps it after weight pushes).
         transport: an ``httpx`` transport (tests: ``httpx.MockTransport``).
-        extra_body: more fields for every request body (e.g. ``{"top_k": 20}``).
+        extra_body: more fields for every request body, sent last: they replace the neutral sampling set
+            (:data:`NEUTRAL_SAMPLING`, :data:`NEUTRAL_VLLM_SAMPLING`), e.g. ``{"top_k": 20}`` to sample
+            as the model card recommends (a learner's probe then sees a distribution it does not assume).
     """
 
     def __init__(
@@ -359,6 +379,7 @@ class OpenAIPolicy:
             "temperature": max(sp.temperature, 0.0),
             "top_p": sp.top_p,
             "n": 1,
+            **NEUTRAL_SAMPLING,
         }
         if sp.seed is not None:
             body["seed"] = int(sp.seed)
@@ -377,6 +398,7 @@ class OpenAIPolicy:
                 return_tokens_as_token_ids=True,
                 include_stop_str_in_output=True,
                 skip_special_tokens=True,
+                **NEUTRAL_VLLM_SAMPLING,
             )
             if sp.ignore_eos:
                 body["ignore_eos"] = True
@@ -661,6 +683,8 @@ def served_policies(
 
 __all__ = [
     "MODEL_PREFIX",
+    "NEUTRAL_SAMPLING",
+    "NEUTRAL_VLLM_SAMPLING",
     "OpenAIPolicy",
     "OpenAIServerError",
     "RETRY_STATUSES",

@@ -18,6 +18,7 @@ from agents.model_source import ModelNotAvailable
 from learners.algorithms import ALGORITHMS
 from learners.checkpoint import CheckpointError
 from learners.memory_plan import GIB, MemoryPlanError
+from learners.served import LogprobMismatchError
 from learners.trainer import TrainConfig, train
 from srpo_common.cli import dataclass_command
 
@@ -74,7 +75,7 @@ def train_command(
         raise typer.Exit(_print_plan(cfg, plan_gpu_gb, plan_gpus))
     try:
         history = train(cfg, resume=resume, log=typer.echo)
-    except (CheckpointError, ModelNotAvailable, MemoryPlanError) as exc:  # one message, no traceback
+    except (CheckpointError, ModelNotAvailable, MemoryPlanError, LogprobMismatchError) as exc:  # one message
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     evals = [(h["iteration"], h["eval_accuracy"]) for h in history if h.get("eval_accuracy") is not None]

@@ -106,6 +106,8 @@ class ScaleOut:
         #: backend=vllm in this process: the engine (its views are ``rollout_policies``), put to sleep after
         #: each collection where vLLM supports it (``vllm_sleep``) and woken by its next use
         self.engine: Any = None
+        #: backend=openai: the served log-probs probe ran (:meth:`probe_served`, once, before training)
+        self._probed = False
 
     # ------------------------------------------------------------------ device
     def rank_device(self, device: torch.device) -> torch.device:
@@ -200,13 +202,22 @@ class ScaleOut:
             from learners.served import ServedAdapters, served_rollout_policies
 
             self.served = ServedAdapters(os.path.join(cfg.out_dir, "served-adapters"))
-            policies = self.rollout_policies = served_rollout_policies(str(cfg.base_url), trainer.roles)
+            policies = self.rollout_policies = served_rollout_policies(
+                str(cfg.base_url),
+                trainer.roles,
+                max_concurrency=cfg.served_concurrency,
+                timeout=cfg.served_timeout,
+                extra_body=cfg.served_sampling,
+            )
         return RolloutCollector(train_env, policies, sampling), RolloutCollector(eval_env, policies, sampling)
 
     # ------------------------------------------------------------------ rollouts
     def collect(self, collector: Any, tasks: Sequence[int], group_size: int, seed: int) -> RolloutBatch:
         """The iteration's rollout batch, identical on every rank; then the vLLM engine sleeps (where
         vLLM supports it) so that the update has its memory, until the next push wakes it."""
+        if self.cfg.backend == "openai" and not self._probed and tasks:
+            self._probed = True
+            self.probe_served(collector, tasks[0], seed)
         batch = self._collect(collector, tasks, group_size, seed)
         if self.engine is not None:
             self.engine.sleep(level=1)  # no-op without sleep mode
@@ -225,6 +236,31 @@ class ScaleOut:
         mine = chunks[self.dist.rank] if self.dist.rank < len(chunks) else []
         local = collector.collect(mine, group_size, seed=seed) if mine else None
         return merge_batches([b for b in all_gather_objects(local, self.dist) if b is not None])
+
+    def probe_served(self, collector: Any, task: int, seed: int) -> dict[str, float]:
+        """backend=openai, before the first update: one episode of ``task`` through the server, its
+        behaviour log-probs against the learner's recompute (:func:`learners.served.check_logprobs`);
+        raises :class:`learners.served.LogprobMismatchError` with the numbers beyond the tolerance."""
+        from learners.served import check_logprobs, request_sampling
+
+        rows = self._collect(collector, [task], 1, seed).rows
+        for r in rows:
+            if r.meta.get("evaluation_only"):
+                raise ValueError(f"these rollouts are evaluation-only and cannot train: {r.meta['evaluation_only']}")
+        out = check_logprobs(
+            [r.behaviour_logprobs for r in rows],
+            self.old_logprobs(rows),
+            [r.response_mask for r in rows],
+            self.cfg.logprob_tolerance,
+            when="before training (probe: one episode)",
+            sent=request_sampling(self.cfg.served_sampling),
+        )
+        self.trainer.log(
+            f"served log-probs probe: mean |server - learner| {out['mean_abs']:.2e} per token (max "
+            f"{out['max_abs']:.2e}) over {int(out['tokens'])} tokens of {int(out['rows'])} rows, within "
+            f"--logprob-tolerance {self.cfg.logprob_tolerance:g}"
+        )
+        return out
 
     def sync_weights(self) -> None:
         """Push the learner's weights to the rollout engine when its version moved (no-op in-process)."""
@@ -307,6 +343,17 @@ class ScaleOut:
             rollout[i, :n] = torch.tensor(r.behaviour_logprobs, dtype=torch.float64)
             mask[i, :n] = torch.tensor(r.response_mask, dtype=torch.float64)
         stats.update(mismatch_metrics(train, rollout, mask))
+        if cfg.backend == "openai":  # the probe's gate, every iteration (a server restarted with other settings)
+            from learners.served import check_logprobs, request_sampling
+
+            check_logprobs(
+                [r.behaviour_logprobs for r in rows],
+                recomputed,
+                [r.response_mask for r in rows],
+                cfg.logprob_tolerance,
+                when="in this iteration's rollouts",
+                sent=request_sampling(cfg.served_sampling),
+            )
         new_rows = [
             replace(
                 r,

@@ -16,12 +16,24 @@ weights (:data:`SHARED_REFUSAL`), while adapters are loaded and unloaded at runt
         --max-loras N_ROLES --logprobs-mode processed_logprobs
 
 and must be able to read the run directory (the adapters are written to ``OUT/served-adapters``).
+
+Same distribution, checked. Every request names a complete neutral sampling set
+(:data:`agents.openai_policy.NEUTRAL_SAMPLING`: a stock server would otherwise fill ``top_k``,
+``repetition_penalty``, ... from the model's generation config) or the user's explicit
+``--served-sampling``. Before training, a probe collects one episode through the server and compares its
+behaviour log-probs with the learner's recompute of the same tokens (:func:`check_logprobs`): beyond
+``--logprob-tolerance`` (mean absolute difference per response token) the run stops with the numbers,
+before any update; every iteration's ``rollout/logprob_abs_diff`` is held to the same gate. Truncation
+(top_k, top_p < 1, min_p) shows as server log-probs *above* the learner's (the kept tokens' mass is
+renormalised); raw log-probs (no ``--logprobs-mode processed_logprobs``) at ``T != 1`` and penalties
+show as differences of either sign.
 """
 
 from __future__ import annotations
 
 import secrets
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +47,70 @@ SHARED_REFUSAL = (
     "weights, so after the first update a shared or per-role model on the server would no longer be the "
     "policy being trained"
 )
+
+
+class LogprobMismatchError(ValueError):
+    """The server's behaviour log-probs are not the learner's: its samples follow another distribution."""
+
+
+def check_logprobs(
+    server: Sequence[Sequence[float]],
+    learner: Sequence[Sequence[float]],
+    masks: Sequence[Sequence[int | float]],
+    tolerance: float,
+    *,
+    when: str,
+    sent: Mapping[str, Any] | None = None,
+) -> dict[str, float]:
+    """Compare the server's log-probs of the sampled tokens with the learner's; refuse beyond ``tolerance``.
+
+    ``masks``: 1 on the response tokens the loss trains on (the rest is env text). Returns
+    ``{"mean_abs", "max_abs", "mean_signed", "tokens", "rows"}`` (``mean_signed``: server - learner);
+    raises :class:`LogprobMismatchError` with those numbers when ``mean_abs > tolerance``.
+    """
+    total = signed = worst = 0.0
+    tokens = 0
+    for srv, lrn, mask in zip(server, learner, masks, strict=True):
+        for a, b, m in zip(srv, lrn, mask, strict=True):
+            if m:
+                d = float(a) - float(b)
+                total += abs(d)
+                signed += d
+                worst = max(worst, abs(d))
+                tokens += 1
+    out = {
+        "mean_abs": total / max(tokens, 1),
+        "max_abs": worst,
+        "mean_signed": signed / max(tokens, 1),
+        "tokens": float(tokens),
+        "rows": float(len(server)),
+    }
+    if out["mean_abs"] > tolerance:
+        hint = (
+            "server above learner on average: a truncated distribution (top_k, top_p < 1, min_p) renormalised "
+            "onto fewer tokens"
+            if out["mean_signed"] > 0.5 * out["mean_abs"]
+            else "differences of both signs or below: penalties (repetition/presence/frequency), raw log-probs "
+            "at T != 1 (start vllm with --logprobs-mode processed_logprobs), or another model or dtype"
+        )
+        fields = ", ".join(f"{k}={v}" for k, v in sorted((sent or {}).items()))
+        raise LogprobMismatchError(
+            f"the server's log-probs disagree with the learner's {when}: mean |server - learner| = "
+            f"{out['mean_abs']:.4f} nats per token > --logprob-tolerance {tolerance:g} (max {out['max_abs']:.4f}, "
+            f"mean server - learner {out['mean_signed']:+.4f}, over {tokens} response tokens of {len(server)} "
+            f"rows). The server does not sample from the softmax(logits / T) the learner trains on ({hint}); "
+            f"the requests sent {fields or 'the neutral sampling set'}. Fix the server, or raise "
+            "--logprob-tolerance to train on these rows anyway (truncated importance sampling then corrects "
+            "up to --tis-cap)"
+        )
+    return out
+
+
+def request_sampling(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The sampling fields every rollout request carries: the neutral set, then the user's ``extra``."""
+    from agents.openai_policy import NEUTRAL_SAMPLING, NEUTRAL_VLLM_SAMPLING
+
+    return {**NEUTRAL_SAMPLING, **NEUTRAL_VLLM_SAMPLING, **dict(extra or {})}
 
 
 def served_rollout_policies(base_url: str, roles: list[str] | tuple[str, ...], **kwargs: Any) -> PolicyMap:
@@ -76,4 +152,11 @@ class ServedAdapters:
         return pushed
 
 
-__all__ = ["SHARED_REFUSAL", "ServedAdapters", "served_rollout_policies"]
+__all__ = [
+    "SHARED_REFUSAL",
+    "LogprobMismatchError",
+    "ServedAdapters",
+    "check_logprobs",
+    "request_sampling",
+    "served_rollout_policies",
+]

@@ -48,6 +48,7 @@ from agents.model_source import resolve_model
 from agents.policy import PolicyMap, SamplingParams
 from agents.rollout import RolloutBatch, merge_batches
 from learners import checkpoint as ckpt
+from learners import guard
 from learners.advantages import ADV_SCALES, AdvantageConfig, AdvantageResult, get_adv_estimator
 from learners.algorithms import ALGORITHMS, Algorithm, get_algorithm  # noqa: F401 (re-exported)
 from learners.batching import (
@@ -88,12 +89,17 @@ DTYPES = ("float32", "bfloat16", "float64")
 LAYOUT_FIELDS = (
     "rollout_workers", "ray_address", "dp_engine", "out_dir", "vllm_gpu_memory_utilization", "vllm_sleep",
     "vllm_enforce_eager", "dist_timeout", "rollout_timeout", "memory_check", "base_url", "save_every",
+    "served_concurrency", "served_timeout", "logprob_tolerance",
 )  # fmt: skip
 #: Where a run stops, not what an iteration computes: a checkpoint at iteration N resumes under any
 #: ``iterations`` >= N, so a finished run whose curve still rises is continued instead of restarted
 #: (the learning rate schedule is a warmup only and every random draw is seeded from (seed, iteration),
 #: so training 128 then resuming to 256 gives, on CPU, the weights and rollouts of training 256 at once).
-EXTENDABLE_FIELDS = ("iterations",)
+#: The divergence guard's thresholds (learners.guard) only say where a run stops, too.
+EXTENDABLE_FIELDS = (
+    "iterations", "guard_max_approx_kl", "guard_max_log_ratio", "guard_max_loss", "guard_max_grad_norm",
+    "guard_eval_drop",
+)  # fmt: skip
 
 
 @dataclass
@@ -163,6 +169,18 @@ class TrainConfig:
     """stop the run (non-zero exit, last finite checkpoint kept, nothing exported) after this many optimizer
     steps in a row were skipped for a non-finite loss or gradient norm (each is counted in
     actor/nonfinite_steps)"""
+    guard_max_approx_kl: float = 1.0
+    """divergence guard (learners.guard): stop the run (exit 3, this iteration's weights neither checkpointed
+    nor exported) when an iteration's actor/approx_kl exceeds this (inf: off)"""
+    guard_max_log_ratio: float = 2.0
+    """divergence guard: stop when an iteration's actor/mean_abs_log_ratio exceeds this (inf: off)"""
+    guard_max_loss: float = 100.0
+    """divergence guard: stop when an iteration's |actor/loss| exceeds this (inf: off)"""
+    guard_max_grad_norm: float = 1e4
+    """divergence guard: stop when an iteration's actor/grad_norm (before clipping) exceeds this (inf: off)"""
+    guard_eval_drop: float = 0.9
+    """divergence guard: stop when held-out accuracy falls by more than this fraction of iteration 0's
+    (checked when evaluated and iteration 0 solved at least 10 samples; 1: off)"""
     clip_eps: float | None = None
     """clip range of the ratio (event ratio for SRPO, token ratio for GRPO/PPO, sequence ratio for GSPO);
     None: the algorithm's (0.2; GSPO 3e-4 with upper 4e-4, its paper's, as its ratio is a per-token mean)"""
@@ -222,6 +240,17 @@ class TrainConfig:
     base_url: str | None = None
     """backend=openai: the server's API root, e.g. http://127.0.0.1:8000/v1 (learners.served says how to start
     it: runtime LoRA updating, --logprobs-mode processed_logprobs)"""
+    served_sampling: dict[str, Any] = field(default_factory=dict)
+    """backend=openai: sampling fields sent instead of the neutral set (top_k=-1, min_p=0, repetition_penalty=1,
+    presence/frequency_penalty=0), e.g. top_k=20; the log-prob gate then tells whether the learner's
+    softmax(z/T) still describes the server's samples"""
+    served_concurrency: int = 8
+    """backend=openai: requests in flight at once"""
+    served_timeout: float = 120.0
+    """backend=openai: seconds one request may take in total (connect, queue, generate, read)"""
+    logprob_tolerance: float = 0.05
+    """backend=openai: the most mean |server - learner| log-prob per response token allowed, by a probe before
+    training and by every iteration's rollout/logprob_abs_diff; beyond it the run stops with the numbers"""
     vllm_gpu_memory_utilization: float = 0.3
     """backend=vllm: share of each GPU the engine reserves for its weights and KV cache (vLLM's
     gpu_memory_utilization; the learner has the rest); on vLLM's CPU build a share of host memory, unless
@@ -290,6 +319,11 @@ class TrainConfig:
                 raise ValueError(SHARED_REFUSAL)
             if self.rollout_workers > 0:
                 raise ValueError("backend=openai generates on its server: rollout_workers must be 0")
+        if self.served_concurrency < 1 or not self.served_timeout > 0 or not self.logprob_tolerance >= 0:
+            raise ValueError(
+                "served_concurrency must be >= 1, served_timeout > 0 and logprob_tolerance >= 0, got "
+                f"{self.served_concurrency}, {self.served_timeout}, {self.logprob_tolerance}"
+            )
         if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}"
@@ -308,6 +342,7 @@ class TrainConfig:
             raise ValueError(f"clip_eps and clip_eps_high must be >= 0, got {self.clip_range()}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
+        guard.validate(self)
         if self.tis_cap <= 0 or self.rollout_workers < 0:
             raise ValueError("tis_cap must be > 0 and rollout_workers >= 0")
         if not (self.dist_timeout > 0 and self.rollout_timeout > 0):
@@ -970,6 +1005,7 @@ class Trainer:
             self.iteration = it
             self._append_metrics(record)
             history.append(record)
+            self._check_divergence(record, history)  # before this iteration's weights are saved
             if cfg.save_every and (it % cfg.save_every == 0 or it == cfg.iterations):
                 self.save_checkpoint()
             if bar is not None:
@@ -1060,6 +1096,18 @@ class Trainer:
                 f"or gradient (last: loss {loss}, grad norm {grad_norm}) at iteration {self.iteration + 1}; "
                 f"stopped without exporting; the last checkpoint in {self.out} is kept (lower --lr?)"
             )
+
+    def _check_divergence(self, record: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        """:mod:`learners.guard` on this iteration's record: a :class:`~learners.guard.DivergenceError`
+        (exit 3) before the diverged weights are checkpointed or exported."""
+        kept = ckpt.find_checkpoint(self.out)
+        guard.check(
+            record,
+            guard.GuardLimits.from_config(self.cfg),
+            start=guard.start_accuracy(history),
+            eval_samples=min(self.cfg.eval_problems, self.n_eval_tasks) * self.cfg.eval_k,
+            where=f"the last checkpoint ({kept}) is kept" if kept else f"no checkpoint was written in {self.out}",
+        )
 
     def load_checkpoint(self, path: str | os.PathLike[str] | None = None) -> None:
         """Restore a checkpoint (run or checkpoint directory) and drop metrics logged after it.

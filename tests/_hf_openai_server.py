@@ -9,6 +9,11 @@ so ``srpo train --backend openai`` runs end to end without vLLM. Its log-probs f
 :mod:`agents.policy`'s convention exactly (HFPolicy), so a learner's ``pi_old`` recompute must match
 the server's behaviour log-probs to float32 round-off: the check that ids, prompt ids and log-probs
 travel over HTTP unchanged. (The real server is tested in ``tests/test_openai_vllm.py``.)
+
+``default_top_k`` plays a stock ``vllm serve`` of a model whose ``generation_config.json`` sets ``top_k``
+(Qwen2.5-Instruct: 20): a request that names no ``top_k`` is sampled from the top-k tokens, with the
+processed (renormalised) log-probs; ``force_top_k`` samples so whatever the request says (a server that
+ignores the field). ``top_k`` <= 0 in a request turns it off, as in vLLM.
 """
 
 from __future__ import annotations
@@ -22,7 +27,43 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
 
-def create_app(model_dir: str | Path, served_name: str = "base") -> FastAPI:
+def _sample_top_k(pol: Any, req: Any, k: int) -> Any:
+    """One response sampled from the top-``k`` tokens of ``softmax(logits / T)`` (a full forward per token:
+    tiny models, short answers), with vLLM's processed log-probs (the renormalised top-k distribution)."""
+    import torch
+
+    from agents.hf import adapter_scope, eos_token_ids, eval_mode
+    from agents.policy import Generation
+
+    sp = req.sampling
+    prompt = list(req.prompt_ids) if req.prompt_ids is not None else pol.encode_prompt(req)
+    gen = torch.Generator().manual_seed(int(sp.seed or 0))
+    eos = set(eos_token_ids(pol.tokenizer, pol.model))
+    ids, out, lps = list(prompt), [], []
+    finish, stop_reason, text = "length", None, ""
+    with torch.inference_mode(), eval_mode(pol.model), adapter_scope(pol.model, pol.adapter_name):
+        for _ in range(sp.max_new_tokens):
+            z = pol.model(input_ids=torch.tensor([ids])).logits[0, -1].float() / max(sp.temperature, 1e-6)
+            kth = torch.topk(z, min(k, z.numel())).values[-1]
+            logp = torch.log_softmax(z.masked_fill(z < kth, float("-inf")), -1)
+            tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
+            ids.append(tok)
+            out.append(tok)
+            lps.append(float(logp[tok]))
+            text = pol.tokenizer.decode(out, skip_special_tokens=True)
+            if tok in eos:
+                finish, stop_reason = "stop", tok
+                break
+            hit = next((st for st in sp.stop if st in text), None)
+            if hit is not None:
+                finish, stop_reason, text = "stop", hit, text[: text.index(hit) + len(hit)]
+                break
+    return Generation(text, out, lps, prompt, pol.policy_version, finish, stop_reason)
+
+
+def create_app(
+    model_dir: str | Path, served_name: str = "base", *, default_top_k: int = 0, force_top_k: int = 0
+) -> FastAPI:
     from agents.hf import BASE_ADAPTER, HFPolicy
     from agents.policy import GenerationRequest, SamplingParams
 
@@ -31,6 +72,7 @@ def create_app(model_dir: str | Path, served_name: str = "base") -> FastAPI:
     lock = threading.Lock()
     app = FastAPI()
     app.state.standin = state
+    state["bodies"] = []  # every completion request body, as sent
 
     def policy_for(name: str) -> HFPolicy:
         if name == served_name:
@@ -81,6 +123,7 @@ def create_app(model_dir: str | Path, served_name: str = "base") -> FastAPI:
 
     async def complete(request: Request, chat: bool) -> dict[str, Any]:
         body = await request.json()
+        state["bodies"].append(body)
         pol = policy_for(body["model"])
         sampling = SamplingParams(
             temperature=float(body.get("temperature", 1.0)),
@@ -96,9 +139,11 @@ def create_app(model_dir: str | Path, served_name: str = "base") -> FastAPI:
         else:
             req = GenerationRequest("a", "r", body["prompt"], sampling)
 
+        top_k = force_top_k or int(body.get("top_k", default_top_k))
+
         def gen() -> Any:
             with lock:
-                return pol.generate([req])[0]
+                return _sample_top_k(pol, req, top_k) if top_k > 0 else pol.generate([req])[0]
 
         g = await run_in_threadpool(gen)
         state["calls"].append(("generate", body["model"]))

@@ -178,3 +178,30 @@ def test_policy_map_one_endpoint_per_role() -> None:
         parse_base_urls(["http://a/v1", "http://b/v1"])
     with pytest.raises(ValueError, match="http"):
         OpenAIPolicy("m", "localhost:8000")
+
+
+def test_requests_name_the_neutral_sampling_set_unless_the_user_chooses() -> None:
+    import json
+
+    server = StandIn()
+    pol = _policy(server)
+    pol.generate([_chat()])
+    (body,) = [json.loads(b) for b in server.bodies]
+    # a stock vLLM fills every field a request leaves out from generation_config (Qwen2.5: top_k=20)
+    assert {k: body[k] for k in ("top_k", "min_p", "repetition_penalty", "min_tokens")} == {
+        "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0,
+    }  # fmt: skip
+    assert body["presence_penalty"] == 0.0 and body["frequency_penalty"] == 0.0
+    pol.close()
+    chosen = StandIn()
+    pol = _policy(chosen, extra_body={"top_k": 20, "repetition_penalty": 1.05})
+    pol.generate([_chat()])
+    (body,) = [json.loads(b) for b in chosen.bodies]
+    assert body["top_k"] == 20 and body["repetition_penalty"] == 1.05 and body["min_p"] == 0.0
+    pol.close()
+    plain = StandIn(vllm=False)  # a strict OpenAI server: vLLM's extension fields go with the others
+    pol = _policy(plain)
+    pol.generate([_chat()])
+    (body,) = [json.loads(b) for b in plain.bodies]
+    assert "top_k" not in body and "min_p" not in body and body["presence_penalty"] == 0.0
+    pol.close()

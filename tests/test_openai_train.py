@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -38,12 +39,22 @@ def test_two_iterations_through_a_served_model(tiny_model_dir: Path, tmp_path: P
     from srpo_envs.env_server import serve_in_thread
     from tests._hf_openai_server import create_app
 
-    app = create_app(tiny_model_dir)
+    # the server's "generation_config" sets top_k=5: only the neutral sampling set the requests name
+    # (top_k=-1, ...) keeps its samples on the learner's softmax(z/T); before it they were truncated
+    app = create_app(tiny_model_dir, default_top_k=5)
     srv = serve_in_thread(app)
+    logged: list[str] = []
     try:
-        history = train(_cfg(tiny_model_dir, tmp_path, base_url=f"{srv.url}/v1", temperature=0.8), log=None)
+        history = train(
+            _cfg(tiny_model_dir, tmp_path, base_url=f"{srv.url}/v1", temperature=0.8, served_concurrency=3),
+            log=logged.append,
+        )
     finally:
         srv.stop()
+    assert any(line.startswith("served log-probs probe: mean |server - learner|") for line in logged), logged
+    for body in app.state.standin["bodies"]:
+        assert body["top_k"] == -1 and body["min_p"] == 0.0 and body["repetition_penalty"] == 1.0, body
+        assert body["presence_penalty"] == 0.0 and body["frequency_penalty"] == 0.0
     calls = app.state.standin["calls"]
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [h["iteration"] for h in history][-2:] == [1, 2]
@@ -74,3 +85,63 @@ def test_evaluation_only_rows_are_refused_with_the_reason(tiny_model_dir: Path, 
     with pytest.raises(ValueError, match="evaluation-only and cannot train: the server returned no token ids"):
         trainer.scale.prepare(RolloutBatch(rows=[row], episodes=[]))
     assert Generation("", [], [], [1], 0, "stop").evaluation_only is None
+
+
+def _refusal(tiny_model_dir: Path, tmp_path: Path, app_kw: dict, argv: list[str]) -> tuple[int, str, dict]:
+    """``srpo train --backend openai`` against a stand-in created with ``app_kw``: exit code, output, state."""
+    from typer.testing import CliRunner
+
+    from srpo_cli.app import app as cli
+    from srpo_envs.env_server import serve_in_thread
+    from tests._hf_openai_server import create_app
+
+    server = create_app(tiny_model_dir, **app_kw)
+    srv = serve_in_thread(server)
+    try:
+        result = CliRunner().invoke(
+            cli,
+            ["train", "--model", str(tiny_model_dir), "--out", str(tmp_path / "run"), "--backend", "openai",
+             "--base-url", f"{srv.url}/v1", "--sharing", "lora", "--iterations", "1", "--tasks-per-iter", "2",
+             "--group-size", "2", "--max-new-tokens", "8", "--eval-every", "0", "--save-every", "0", *argv],
+        )  # fmt: skip
+    finally:
+        srv.stop()
+    return result.exit_code, result.output, server.state.standin
+
+
+@pytest.mark.parametrize(
+    ("app_kw", "argv", "sent"),
+    [
+        ({"force_top_k": 5}, [], "top_k=-1"),  # a server that samples with top_k whatever the request says
+        ({}, ["--served-sampling", "top_k=5"], "top_k=5"),  # the user's explicit choice, honoured and checked
+    ],
+)
+def test_probe_refuses_a_server_that_samples_with_top_k(
+    tiny_model_dir: Path, tmp_path: Path, app_kw: dict, argv: list[str], sent: str
+) -> None:
+    code, output, state = _refusal(tiny_model_dir, tmp_path, app_kw, argv)
+    print(output)
+    assert code == 2, output
+    assert "error: the server's log-probs disagree with the learner's before training (probe: one episode)" in output
+    m = re.search(r"mean \|server - learner\| = ([0-9.]+) nats per token > --logprob-tolerance 0.05 \(max ([0-9.]+), "
+                  r"mean server - learner ([+-][0-9.]+), over (\d+) response tokens of (\d+) rows\)", output)
+    assert m is not None, output
+    mean_abs, _max_abs, signed, tokens, rows = (float(g) for g in m.groups())
+    assert mean_abs > 0.05 and tokens >= 1 and rows >= 1
+    assert signed > 0 and "a truncated distribution (top_k" in output  # top-k renormalises: server above
+    assert sent in output.split("the requests sent ")[1]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()
+    # refused before any update: only version-0 adapters were ever served
+    assert all(n.endswith("-v0") for kind, n in state["calls"] if kind == "load")
+    assert all(b["top_k"] == (5 if argv else -1) for b in state["bodies"])
+
+
+def test_check_logprobs_numbers_and_tolerance() -> None:
+    from learners.served import LogprobMismatchError, check_logprobs
+
+    out = check_logprobs([[-1.0, -2.0, -9.0]], [[-1.5, -2.0, -1.0]], [[1, 1, 0]], 0.3, when="now")
+    assert out == {"mean_abs": 0.25, "max_abs": 0.5, "mean_signed": 0.25, "tokens": 2.0, "rows": 1.0}
+    with pytest.raises(LogprobMismatchError, match=r"= 0.2500 nats per token > --logprob-tolerance 0.2 \(max 0.5000"):
+        check_logprobs([[-1.0, -2.0, -9.0]], [[-1.5, -2.0, -1.0]], [[1, 1, 0]], 0.2, when="now")
+    with pytest.raises(ValueError, match="logprob_tolerance >= 0"):
+        TrainConfig(model="m", logprob_tolerance=-1.0)
