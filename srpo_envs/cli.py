@@ -139,11 +139,18 @@ def serve_env(
     env: list[str] | None = typer.Option(
         None, "--env", help="Serve only this env id (repeatable; default: every registered id)."
     ),
+    openenv_env: str | None = typer.Option(
+        None,
+        "--openenv-env",
+        help="The env an OpenEnv client (/ws, /reset, /step) gets when its reset names no env_id "
+        "(default: the only --env, when one is given).",
+    ),
     log_level: str = typer.Option("info", help="uvicorn log level."),
 ) -> None:
-    """Serve registered envs over HTTP: sessions with reset/step/state (OpenEnv-shaped, multi-agent).
+    """Serve registered envs over HTTP: sessions with reset/step/state, and OpenEnv's wire protocol (/ws).
 
-    A client: ``srpo_envs.remote.RemoteEnv(URL, ENV_ID)``, a PettingZoo ParallelEnv.
+    Clients: ``srpo_envs.remote.RemoteEnv(URL, ENV_ID)``, a PettingZoo ParallelEnv; OpenEnv's
+    ``GenericEnvClient(base_url=URL)`` (multi-agent actions ``{"actions": {agent: text}}``).
     """
     try:
         from srpo_envs.env_server import serve
@@ -154,8 +161,18 @@ def serve_env(
     unknown = [e for e in env or [] if e not in srpo_envs.registry]
     if unknown:
         raise typer.BadParameter(f"unknown env ids {unknown}; see `srpo envs`", param_hint="--env")
+    if openenv_env is not None and (openenv_env not in srpo_envs.registry or (env and openenv_env not in env)):
+        raise typer.BadParameter(f"{openenv_env!r} is not a served env id", param_hint="--openenv-env")
     typer.echo(f"serving {', '.join(env) if env else 'every registered env'} on http://{host}:{port}", err=True)
-    serve(host, port, max_sessions=max_sessions, idle_timeout_s=idle_timeout, env_ids=env, log_level=log_level)
+    serve(
+        host,
+        port,
+        max_sessions=max_sessions,
+        idle_timeout_s=idle_timeout,
+        env_ids=env,
+        log_level=log_level,
+        openenv_env_id=openenv_env,
+    )
 
 
 def build_retriever(
