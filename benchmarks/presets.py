@@ -34,8 +34,8 @@ BUNDLED_COLUMNS_MODEL = _CHECKPOINTS / "mini-columns-sft"
 BUNDLED_COLUMNS5_MODEL = _CHECKPOINTS / "mini-columns5-sft"
 #: The invented world quick-search's RL runs train in: one neither the warm start trained in (its worlds
 #: start at ``srpo_envs.tasks.knowledge_base.SFT_WORLD_SEED_BASE``) nor the suite evaluates in
-#: (``benchmarks.suites.QUICK_SEARCH_EVAL_KB_SEED``), so RL rewards reading, not recall (the README has
-#: what RL in a training world gave).
+#: (``benchmarks.suites.QUICK_SEARCH_EVAL_KB_SEED``), so RL rewards reading, not recall (docs/results/quick-search.md
+#: has what RL in a training world gave).
 QUICK_SEARCH_TRAIN_KB_SEED = 3
 
 
@@ -55,8 +55,8 @@ TRAINING_ENVS: dict[str, TrainingEnv] = {
     "quick-math": TrainingEnv(
         "ProcArith-v0",
         "proposers-aggregator",
-        # balanced: all 111 one-operation train problems and as many two-operation ones (see the README
-        # for why the cap matters)
+        # balanced: all 111 one-operation train problems and as many two-operation ones (see
+        # docs/results/warm-starts.md for why the cap matters)
         {"difficulty": [1, 2], "max_operand": 9, "dataset_size": 111},
         BUNDLED_MODEL,
         "math",
@@ -144,7 +144,7 @@ QUICK_TRAIN: dict[str, Any] = {
 #: member costs reward; RL removes a carry habit on held-out problems) and multi-turn retrieval (the
 #: search half). ``quick-columns`` (K fixed at 3), ``quick-columns-routed5`` and ``quick-math`` run with
 #: ``--suites``: the job's 10-minute budget on 2 cores holds one column suite at two seeds and quick-search
-#: at one (its runs take ~2 min each; the README has the measured budget).
+#: at one (its runs take ~2 min each; docs/results/main-job.md has the measured budget).
 QUICK_SUITES: tuple[str, ...] = ("quick-columns-routed", "quick-search")
 #: Training seeds of a ``bench quick`` suite unless ``--seeds`` is given (a suite's ``seeds`` setting
 #: overrides it).
@@ -171,13 +171,13 @@ _COLUMNS_TRAIN: dict[str, Any] = {
 
 #: quick-search's RL: the column suites' off-policy update (two minibatches per rollout batch, prefix
 #: tree, token budget) on 16 questions x G=8 per iteration for 16 iterations (G=8 so that a group's
-#: samples differ in reward; measured settings in the README). Its learning rate is spelled out here,
+#: samples differ in reward; measured settings in docs/results/quick-search.md). Its learning rate is spelled out here,
 #: not inherited: a later key beats an earlier one, so an edit of ``QUICK_TRAIN["lr"]`` never reached
 #: this suite (``_COLUMNS_TRAIN`` sets its own); this line is the search learning rate. A search
 #: prompt carries three passages, so its micro-batches hold 2048 tokens (the prefix tree's attention
 #: grows with the square of the budget; the time is the same) and MAPPO's critic reads the question and
 #: the latest 128 tokens of the state (the newest passages): the main job's memory and time budget
-#: (the README has the measurements).
+#: (docs/results/main-job.md has the measurements).
 _SEARCH_TRAIN: dict[str, Any] = {
     **_COLUMNS_TRAIN,
     "iterations": 16,
@@ -231,7 +231,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 #: ``--seeds`` default of ``srpo bench compare`` / ``ablation --suite S`` (seeds 0..N-1): as many training
 #: seeds as ``srpo bench power --suite S`` says a decision at a few points needs (training seeds dominate
 #: the paired difference's variance on the column suites once every held-out problem is evaluated; the
-#: README has the power table). Suites not listed take :data:`COMPARE_DEFAULTS`.
+#: power table is in docs/results/algorithms.md). Suites not listed take :data:`COMPARE_DEFAULTS`.
 DECISION_SEEDS: dict[str, int] = {
     "quick-columns": 10,
     "quick-columns-routed": 10,
@@ -241,8 +241,8 @@ DECISION_SEEDS: dict[str, int] = {
     "quick-search-routed": 5,
 }
 #: ``--eval-k`` / ``--eval-limit`` defaults of ``srpo bench compare`` / ``ablation`` / ``power --suite S``:
-#: every held-out problem (128 per size) with k=4, the design ``srpo bench power`` sizes (the README's
-#: power table); suites not listed take their ``bench quick`` eval (:data:`QUICK_SETTINGS`).
+#: every held-out problem (128 per size) with k=4, the design ``srpo bench power`` sizes (the
+#: power table of docs/results/algorithms.md); suites not listed take their ``bench quick`` eval (:data:`QUICK_SETTINGS`).
 DECISION_EVAL: dict[str, dict[str, int]] = {
     "quick-columns": {"eval_k": 4, "eval_limit": 128},
     "quick-columns-routed": {"eval_k": 4, "eval_limit": 128},
@@ -264,11 +264,11 @@ DECISION_ENV_KWARGS: dict[str, dict[str, Any]] = {
 }
 #: ``TrainConfig`` overrides of ``bench compare`` / ``ablation`` / ``power --suite S`` over the suite's
 #: ``bench quick`` settings: search RL that moves held-out accuracy needs many worlds, groups with a
-#: reward difference (DAPO's dynamic sampling) and many iterations (the README has what each gave).
+#: reward difference (DAPO's dynamic sampling) and many iterations (docs/results/quick-search.md has what each gave).
 DECISION_TRAIN: dict[str, dict[str, Any]] = {
     "quick-search": {"iterations": 64, "filter_groups": True},
     # groups kept by DAPO's rule (some but not all rollouts solved the task): kept by reward, a failed
-    # group's member costs alone taught the router one searcher and the team one round (README)
+    # group's member costs alone taught the router one searcher and the team one round (docs/results/quick-search-routed.md)
     "quick-search-routed": {"iterations": 32, "filter_groups": True, "filter_signal": "correct"},
 }
 #: Defaults of ``srpo bench compare`` / ``ablation`` that are not RL settings.

@@ -16,7 +16,7 @@ still teaches. ``correct`` is DAPO's own rule: a group is informative when some 
 rollouts solved the task. With a member cost the difference matters: in a group that failed every
 rollout the costs are the only reward difference, and a std-normalised advantage turns that small
 difference into a full-size push toward fewer searchers and fewer rounds (on quick-search-routed RL
-stopped asking for the second search round that two-hop questions need; README). ``correct`` drops
+stopped asking for the second search round that two-hop questions need; docs/results/quick-search-routed.md). ``correct`` drops
 those groups, so costs are learned only where they break ties between outcomes.
 """
 

@@ -14,7 +14,7 @@ RL can remove (``premature_answer``: on a two-hop question the teacher answers w
 of the time). Copying a name it has never seen is the skill that takes, so every pass also trains on the
 prompt tokens (``prompt_loss_weight``: observations repeat each name they mention) and the teacher writes
 ``<answer> Name</answer>`` (``copy_spacing``: the name's tokens are then the passage's tokens). Measured
-accuracies of each pass are in the README.
+accuracies of each pass are in docs/results/warm-starts.md.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ _SEARCH_WORLDS: tuple[dict[str, Any], ...] = (
     {**_SEARCH, "steps": 2500},
     {**_SEARCH, "steps": 2500, "seed": 1, "lr": 1.5e-3, "save_dtype": "bfloat16"},
     {**_SEARCH, "steps": 2500, "seed": 2, "lr": 1.5e-3, "save_dtype": "bfloat16"},
-    # the third pass's loss was still falling: a fourth at a lower peak rate (README: each pass's EM)
+    # the third pass's loss was still falling: a fourth at a lower peak rate (docs/results/warm-starts.md: each pass's EM)
     {**_SEARCH, "steps": 2500, "seed": 3, "lr": 1e-3, "save_dtype": "bfloat16"},
 )
 

@@ -364,7 +364,7 @@ def _load_tasks(
 _SHARED_RETRIEVERS: dict[tuple[str, str], Retriever] = {}
 _SHARED_LOCK = threading.Lock()
 #: Recent (query, k) results a shared BM25 retriever keeps: the G samples of an RL group mostly send the
-#: same query (the README has the hit rate and what it saves).
+#: same query (docs/data.md has the hit rate and what it saves).
 QUERY_CACHE = 4096
 
 

@@ -183,3 +183,26 @@ def test_the_exit_status_tables_list_the_cli_codes(doc: str, heading: str) -> No
     assert codes == sorted(_exit_codes()), (
         f"{doc} lists {codes}; srpo_cli.app.EXIT_CODES has {sorted(_exit_codes())}"
     )
+
+
+def test_docs_pages_named_in_the_code_exist() -> None:
+    """Comments and docstrings send readers to ``docs/...md`` pages (the measurements behind a preset, a
+    cache size, a recipe); a page that moves or is renamed must take those pointers along."""
+    packages = (
+        "srpo_common",
+        "srpo_envs",
+        "agents",
+        "learners",
+        "benchmarks",
+        "leaderboards",
+        "srpo_cli",
+        "tests",
+    )
+    named: dict[str, list[str]] = {}
+    for package in packages:
+        for py in sorted((ROOT / package).rglob("*.py")):
+            for page in re.findall(r"\bdocs/\w[\w./-]*\.md\b", py.read_text(encoding="utf-8")):
+                named.setdefault(page, []).append(str(py.relative_to(ROOT)))
+    assert named, "no module names a docs page"
+    missing = {page: files for page, files in named.items() if not (ROOT / page).is_file()}
+    assert not missing, f"docs pages named in the code that do not exist: {missing}"

@@ -1,4 +1,4 @@
-"""The GPU memory plan (learners.memory_plan): exact parameter arithmetic, the README recipes' verdicts,
+"""The GPU memory plan (learners.memory_plan): exact parameter arithmetic, the GPU recipes' verdicts (docs/scaling.md),
 the refusal with what would fit, and `srpo train --plan-only`."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from learners.memory_plan import (
 )
 from srpo_cli.app import app
 
-#: Qwen2.5-3B-Instruct's and Qwen2.5-7B-Instruct's config.json sizes (the README's GPU recipes)
+#: Qwen2.5-3B-Instruct's and Qwen2.5-7B-Instruct's config.json sizes (the GPU recipes of docs/scaling.md)
 QWEN_3B = dict(
     hidden_size=2048, num_hidden_layers=36, vocab_size=151936, intermediate_size=11008,
     num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True, model_type="qwen2",
@@ -49,7 +49,7 @@ def test_parameter_and_lora_counts_equal_the_models(tiny_model_dir: Path) -> Non
 
 
 def _readme_one_gpu(**changes) -> PlanOptions:
-    """The README's one-GPU recipe: bf16, vLLM (0.3 of the card), 16384 tokens per micro-batch,
+    """The one-GPU recipe of docs/scaling.md: bf16, vLLM (0.3 of the card), 16384 tokens per micro-batch,
     gradient checkpointing, two roles (proposers-aggregator)."""
     base = dict(dtype="bfloat16", backend="vllm", gradient_checkpointing=True, microbatch_tokens=16384, roles=2)
     return PlanOptions(**{**base, **changes})
