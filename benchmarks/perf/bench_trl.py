@@ -1,6 +1,6 @@
 """Side by side with TRL's ``GRPOTrainer``: seconds per 1k generated tokens (iteration, generation, update), peak RSS.
 
-    pip install trl                # optional: not part of the project's install; CPU torch is kept
+    pip install -e '.[trl]'        # trl==1.16.* (in .[all]); CPU torch is kept
     python -m benchmarks.perf.bench_trl [--repeats 2] [--steps 3]
 
 Both sides start from ``agents/checkpoints/mini-sft`` in float32 on the CPU, sample at temperature 1
@@ -20,7 +20,7 @@ Each side runs in its own subprocess (its peak RSS is its own, model load includ
 ``--repeats`` times so load on a shared machine hits both alike; the table shows medians over repeats
 of each side's median timed step (the first TRL step is a warm-up), as wall time and as process CPU
 time (all threads; what to read when other jobs share the machine). Without ``trl`` installed the script
-says so and exits 0.
+says so and exits 0. ``examples/trl_grpo.py`` trains through TRL's ``rollout_func`` on the env itself.
 """
 
 from __future__ import annotations
