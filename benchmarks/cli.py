@@ -234,7 +234,7 @@ def eval_cmd(
     weights = weights_sha256(model_dir) if served is None else None
     collector_factory = None
     if served is not None:
-        from agents.openai_policy import OpenAIServerError, served_policies
+        from agents.openai_policy import served_policies
 
         try:
             policy = served_policies(
@@ -246,7 +246,8 @@ def eval_cmd(
                 max_concurrency=max_concurrency,
                 api_key_env=api_key_env,
             )
-        except (ValueError, OpenAIServerError) as exc:  # a bad URL, no server, a model it does not serve
+        except ValueError as exc:  # a malformed URL; a server that fails or serves another model is an
+            # OpenAIServerError: srpo's external-service exit status, naming the server (srpo_cli.app)
             raise typer.BadParameter(str(exc), param_hint="--base-url") from None
     elif workers > 0:  # the model lives in the Ray workers only; the driver keeps a stand-in for identities
         from agents.ray_rollout import HFPolicyFactory, RemotePolicy, RolloutWorkerPool, VLLMPolicyFactory
@@ -550,6 +551,23 @@ _SEEDS_HELP = "comma-separated seeds (default: the suite's presets.DECISION_SEED
 _REFERENCE_HELP = (
     "variant every other one is compared with in decisions.md/.csv (default: srpo, else the first)"
 )
+_LOGGER_HELP = (
+    "each run's metrics also to these (comma-separated; TrainConfig.logger, learners/tracking.py): console, "
+    "tensorboard, wandb (offline unless WANDB_MODE is set), mlflow (the run's mlflow.db unless "
+    "MLFLOW_TRACKING_URI is set); runs/<variant>-s<seed>/metrics.jsonl is always written"
+)
+
+
+def _with_logger(train: dict[str, Any], logger: str | None) -> dict[str, Any]:
+    """``train`` with ``--logger`` as its ``logger`` override (checked here: a typo fails before any run)."""
+    if logger is None:
+        return train
+    from learners.tracking import parse_loggers
+
+    try:
+        return {**train, "logger": ",".join(parse_loggers(logger))}
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--logger") from None
 
 
 def _eval_k(suite: str, k: int | None) -> int:
@@ -604,6 +622,7 @@ def compare_cmd(
     reference: str | None = typer.Option(None, help=_REFERENCE_HELP),
     keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help=_KEEP_CHECKPOINTS_HELP),
     continue_from: Path | None = typer.Option(None, "--continue-from", help=_CONTINUE_FROM_HELP),
+    logger: str | None = typer.Option(None, "--logger", help=_LOGGER_HELP),
 ) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy; decide each
     algorithm against the reference (decisions.md / decisions.csv)."""
@@ -625,6 +644,7 @@ def compare_cmd(
         clip_eps=clip_eps,
         filter_signal=filter_signal,
     )
+    train = _with_logger(train, logger)
     _run_compare(
         model,
         out,
@@ -668,6 +688,7 @@ def ablation_cmd(
     reference: str | None = typer.Option(None, help="variant the others are compared with (default: sqrt)"),
     keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help=_KEEP_CHECKPOINTS_HELP),
     continue_from: Path | None = typer.Option(None, "--continue-from", help=_CONTINUE_FROM_HELP),
+    logger: str | None = typer.Option(None, "--logger", help=_LOGGER_HELP),
 ) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1, each decided against
     the reference (decisions.md / decisions.csv)."""
@@ -685,6 +706,7 @@ def ablation_cmd(
         clip_eps=clip_eps,
         filter_signal=filter_signal,
     )
+    train = _with_logger(train, logger)
     _run_compare(
         model,
         out,

@@ -224,6 +224,7 @@ def continuation_of(cfg: CompareConfig, name: str, seed: int) -> tuple[int, Path
     differ = sorted(k for k in ours if k not in _CONTINUATION_FREE and theirs.get(k) != ours[k])
     their_train, our_train = dict(theirs.get("train", {})), dict(cfg.train)
     before, after = their_train.pop("iterations", None), our_train.pop("iterations", None)
+    their_train.pop("logger", None), our_train.pop("logger", None)  # where metrics go, not what runs compute
     differ += sorted(
         f"train.{k}" for k in set(their_train) | set(our_train) if their_train.get(k) != our_train.get(k)
     )
@@ -622,6 +623,20 @@ def _records(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) ->
     return records
 
 
+def _with_records(row: dict[str, Any], suite: str, records: Sequence[Any]) -> dict[str, Any]:
+    """A page decision row plus the record hashes of its variant and reference (``variant_record``,
+    ``reference_record``; None when not among ``records``), so the page ranks those records by it
+    (:func:`leaderboards.render.evidence_ranks`). Records are named ``<variant> (<model>)`` by
+    :func:`_records`, the start model ``start (<model>)``."""
+
+    def record_of(variant: Any) -> str | None:
+        label = "start" if variant == decide.START else variant
+        found = [r.record_hash for r in records if r.suite == suite and r.name.rsplit(" (", 1)[0] == label]
+        return found[0] if len(found) == 1 else None
+
+    return {**row, "variant_record": record_of(row.get("variant")), "reference_record": record_of(row.get("reference"))}
+
+
 def write_records(
     out: Path,
     records: Sequence[Any],
@@ -654,7 +669,9 @@ def write_records(
     payload = "[\n" + ",\n".join(canonical_json(r.model_dump(mode="json")) for r in records) + "\n]\n"
     paths = {"results": atomic_write_text(out / "results.json", payload)}
     decisions = {
-        suite: [decide.jsonable_row(r) for r in rows] for suite, rows in (decisions or {}).items() if rows
+        suite: [_with_records(decide.jsonable_row(r), suite, records) for r in rows]
+        for suite, rows in (decisions or {}).items()
+        if rows
     }
     if decisions:
         paths["decisions_json"] = atomic_write_text(

@@ -43,11 +43,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.hf import HFPolicy, adapter_scope, default_lora_config, lora_policy_map
+from agents.hf import (
+    HFPolicy,
+    adapter_scope,
+    default_lora_config,
+    enable_gradient_checkpointing,
+    lora_policy_map,
+)
 from agents.model_source import resolve_model
 from agents.policy import PolicyMap, SamplingParams
 from agents.rollout import RolloutBatch, merge_batches
 from learners import checkpoint as ckpt
+from learners import config as config_sections
 from learners import guard
 from learners.advantages import ADV_SCALES, AdvantageConfig, AdvantageResult, get_adv_estimator
 from learners.algorithms import ALGORITHMS, Algorithm, get_algorithm  # noqa: F401 (re-exported)
@@ -64,7 +71,7 @@ from learners.batching import (
 )
 from learners.critic import ValueCritic
 from learners.diagnostics import GradingMonitor, k_stats
-from learners.distributed import DP_ENGINES, all_reduce_sum, broadcast_object
+from learners.distributed import DP_ENGINES, all_gather_objects, all_reduce_sum, broadcast_object
 from learners.dynamic_sampling import FILTER_SIGNALS, FilterStats, informative_groups, select_groups
 from learners.losses import (
     AGG_MODES,
@@ -79,6 +86,7 @@ from learners.losses import (
 )
 from learners.prefix import pack_rows, packed_logprobs
 from learners.scale import BACKENDS, TIS_MODES, ScaleOut
+from learners.tracking import MultiTracker, flatten_config, open_trackers, parse_loggers
 
 #: SRPO set normalisations (``k1``: every output its own event, a response-level update).
 SRPO_NORMS = tuple(EVENT_NORMS)
@@ -89,7 +97,7 @@ DTYPES = ("float32", "bfloat16", "float64")
 LAYOUT_FIELDS = (
     "rollout_workers", "ray_address", "dp_engine", "out_dir", "vllm_gpu_memory_utilization", "vllm_sleep",
     "vllm_enforce_eager", "dist_timeout", "rollout_timeout", "memory_check", "base_url", "save_every",
-    "served_concurrency", "served_timeout", "logprob_tolerance",
+    "served_concurrency", "served_timeout", "logprob_tolerance", "logger", "tensorboard",
 )  # fmt: skip
 #: Where a run stops, not what an iteration computes: a checkpoint at iteration N resumes under any
 #: ``iterations`` >= N, so a finished run whose curve still rises is continued instead of restarted
@@ -102,6 +110,7 @@ EXTENDABLE_FIELDS = (
 )  # fmt: skip
 
 
+@config_sections.with_sections  # cfg.rollout, cfg.update, ... and cfg.derived (learners.config)
 @dataclass
 class TrainConfig:
     """All knobs of a training run (saved with every checkpoint; hashed into leaderboard records).
@@ -285,9 +294,13 @@ class TrainConfig:
     seed: int = 0
     """seed of everything random"""
     tensorboard: bool = False
-    """also log to OUT/tb"""
+    """also log to OUT/tb (the same as adding tensorboard to --logger)"""
+    logger: tuple[str, ...] = ("jsonl",)
+    """where metrics go: console, jsonl, tensorboard, wandb (offline unless WANDB_MODE is set), mlflow
+    (OUT/mlflow.db unless MLFLOW_TRACKING_URI is set); OUT/metrics.jsonl is always written"""
 
     def __post_init__(self) -> None:
+        self.logger = parse_loggers(self.logger)  # a str or list from a file/dict, checked by name
         spec = get_algorithm(self.algo)  # unknown: raises with the known names
         get_adv_estimator(self.adv_estimator or spec.estimator)
         loss = get_policy_loss(self.policy_loss or spec.loss)
@@ -428,15 +441,25 @@ def resolve_device(device: str) -> torch.device:
 @contextmanager
 def _train_mode(model: torch.nn.Module, on: bool) -> Iterator[None]:
     """``model.train()`` for the duration when ``on`` (transformers applies gradient checkpointing
-    only in training mode); restores the previous mode."""
-    if not on or model.training:
+    only in training mode); restores every submodule's previous mode.
+
+    Every module, not the root's flag: a freshly wrapped ``PeftModel`` is in training mode around a base
+    model in eval mode, and deciding by the root alone left its layers in eval mode, i.e. silently
+    without checkpointing until a generation had called ``train()`` on the whole tree."""
+    if not on:
+        yield
+        return
+    modules = list(model.modules())
+    modes = [m.training for m in modules]
+    if all(modes):
         yield
         return
     model.train()
     try:
         yield
     finally:
-        model.eval()
+        for m, mode in zip(modules, modes, strict=True):
+            m.training = mode
 
 
 class Trainer:
@@ -514,7 +537,7 @@ class Trainer:
         self.iteration = 0
         self.nonfinite_steps = 0  # optimizer steps skipped for a non-finite loss/gradient (whole run)
         self._nonfinite_streak = 0
-        self._tb: Any = None
+        self._tracker: MultiTracker | None = None  # open during train() (learners.tracking)
 
     # ------------------------------------------------------------------ policies
     def _build_policies(self) -> PolicyMap:
@@ -530,16 +553,17 @@ class Trainer:
         def load() -> HFPolicy:
             pol = HFPolicy(self.model_path, device=self.device, dtype=self.param_dtype)
             if cfg.gradient_checkpointing:
-                pol.model.gradient_checkpointing_enable(
-                    gradient_checkpointing_kwargs={"use_reentrant": False}
-                )
+                enable_gradient_checkpointing(pol.model)
             return pol
 
         if cfg.sharing == "shared":
             return PolicyMap.shared(load(), self.roles)
         if cfg.sharing == "per-role":
             return PolicyMap.per_role({role: load() for role in self.roles})
-        return lora_policy_map(load(), self.roles, lora_config=default_lora_config(r=cfg.lora_rank))
+        policies = lora_policy_map(load(), self.roles, lora_config=default_lora_config(r=cfg.lora_rank))
+        if cfg.gradient_checkpointing:  # again on the PeftModel: the recompute re-enters each role's adapter
+            enable_gradient_checkpointing(policies.policies[0].model)
+        return policies
 
     def _memory_plan(self) -> None:
         """GPU runs: the memory plan of this run on this rank's GPU, logged before the model loads; one
@@ -585,18 +609,18 @@ class Trainer:
                 for idx in self.critic.token_chunks(texts, cfg.max_tokens_per_microbatch):
                     values[idx] = self.critic([texts[i] for i in idx]).double().cpu()
         self._event_values = values
-        estimator = get_adv_estimator(cfg.adv_estimator or self.algorithm.estimator)
-        adv_cfg = AdvantageConfig(scale=cfg.resolved("adv_scale"), gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
+        estimator = get_adv_estimator(cfg.derived.adv_estimator)
+        adv_cfg = AdvantageConfig(scale=cfg.derived.adv_scale, gamma=cfg.critic.gamma, gae_lambda=cfg.critic.gae_lambda)
         return estimator(table, adv_cfg, values)
 
     def _loss_config(self, denominator: float | None = None) -> LossConfig:
-        cfg = self.cfg
+        update = self.cfg.update  # the [update] section with its resolved clip range and aggregation
         return LossConfig(
-            clip_eps=cfg.clip_range()[0],
-            clip_eps_high=cfg.clip_range()[1],
-            norm=cfg.norm,
-            agg=cfg.resolved("agg"),
-            norm_len=cfg.max_new_tokens,
+            clip_eps=update.clip_range[0],
+            clip_eps_high=update.clip_range[1],
+            norm=update.norm,
+            agg=update.agg,
+            norm_len=self.cfg.rollout.max_new_tokens,
             denominator=denominator,
         )
 
@@ -744,11 +768,8 @@ class Trainer:
 
     def _rows_per_batch(self, table: EventTable) -> int:
         """``rows_per_batch``, or the size that splits the batch into ``minibatches_per_iter``."""
-        n = self.cfg.minibatches_per_iter
-        if n is None:
-            return self.cfg.rows_per_batch
         rows = sum(len(r) for r, ok in zip(table.event_rows, table.complete, strict=True) if ok)
-        return max(1, math.ceil(rows / n))
+        return self.cfg.update.rows_per_minibatch(rows)
 
     def _rollouts(self, it: int) -> tuple[RolloutBatch, RolloutBatch, FilterStats | None]:
         """Iteration ``it``'s rollouts: (every episode generated, the batch the update trains on, what
@@ -794,7 +815,7 @@ class Trainer:
     def _update(self, batch: RolloutBatch, iteration: int) -> dict[str, Any]:
         """Advantages once, then ``epochs`` x minibatches of (micro-batched) loss and one step each."""
         cfg = self.cfg
-        loss_fn = get_policy_loss(cfg.policy_loss or self.algorithm.loss)
+        loss_fn = get_policy_loss(cfg.derived.policy_loss)
         unit = loss_fn.unit(self._loss_config())
         # [R, T] TIS weights (per token, or a row's / an event's weight on its tokens) reach the loss as
         # LossConfig.token_weights: each row its own, in every loss; an event weight of an event loss
@@ -803,6 +824,7 @@ class Trainer:
             batch,
             ratio_level=loss_fn.ratio_level(self._loss_config()),
             norm=cfg.norm if unit in ("events", "members") else "sum",
+            pi_old=lambda rows: self._composed_old_logprobs(rows, iteration),
         )
         table = build_event_table(batch.rows)
         adv = self._advantages(table)
@@ -838,6 +860,73 @@ class Trainer:
         out["actor/nonfinite_steps"] = float(self.nonfinite_steps - skipped_before)
         return out
 
+    def _micro_batches(
+        self, mb: MiniBatch, full: Batch, collate: Callable[[MiniBatch], Batch]
+    ) -> tuple[MiniBatch, Batch, list[list[int]], int]:
+        """The composition one minibatch trains in: ``(this rank's shard, its collated batch, its
+        micro-batches as row indices into the shard, the number of micro-batches every rank runs)``.
+        ``full``: ``collate(mb)``. One function for :meth:`_minibatch_step` and :meth:`_composed_old_logprobs`,
+        so ``pi_old`` is computed in exactly the forwards training makes."""
+        if self.dist.enabled:  # normalisers span the whole minibatch; this rank computes its shard
+            mb = self.scale.shard(mb)
+            if mb.num_rows:  # a rank without an event still joins the gradient all-reduce (zeros)
+                full = collate(mb)
+        budget = self.cfg.max_tokens_per_microbatch
+        if self.cfg.prefix_tree:  # events sharing prefixes together, the budget in prefix-tree nodes
+            bounds = prefix_micro_batches(mb.rows, mb.event_index, budget)
+        else:
+            bounds = [list(range(a, b)) for a, b in micro_batch_bounds(mb.rows, mb.event_index, budget)]
+        bounds = bounds if mb.num_rows else []
+        n_micro = self.scale.agree_count(len(bounds))  # FSDP2: every rank runs the most any rank has
+        return mb, full, bounds, n_micro
+
+    def _composed_old_logprobs(self, rows: list[Any], iteration: int) -> list[list[float]]:
+        """``pi_old`` of ``rows`` (the update's batch) from the very forwards that training will make in
+        its first epoch: the same shuffled event minibatches, data-parallel shard, micro-batches, prefix
+        packing, per-policy chunks and padding widths, without gradient, before any optimizer step.
+
+        Why: the ratio divides the training forward's log-probs by these. Recomputed in another
+        composition (batch order, other chunk widths, other packed sequences) they differ from the
+        training forward's by rounding (bf16 autocast: ~1e-3), so the first on-policy ratio was only
+        about 1 and SRPO summed that noise over an event's tokens. Computed here, every minibatch of
+        epoch 0 divides a forward by a bit-identical forward of the same weights: the first minibatch's
+        ratio is exactly 1, and a later one's moves only by the optimizer steps before it. Each rank
+        scores its shards; the results are gathered so that every rank has every row (later epochs
+        shard differently). Rows of events that no minibatch holds (incomplete ones) are scored in batch
+        order (:meth:`ScaleOut.old_logprobs`); they are never trained on.
+        """
+        cfg = self.cfg
+        table = build_event_table(rows)
+        pad_id = self.policies.policies[0].pad_id
+
+        def collate(part: MiniBatch) -> Batch:
+            return part.collate(pad_id, dtype=self.param_dtype, table=table).to(self.device)
+
+        # the minibatches of epoch 0 exactly as _update draws them (same table, size and seed)
+        mbs = event_minibatches(
+            table, rows_per_batch=self._rows_per_batch(table), seed=_iteration_seed(cfg.seed, iteration, 1)
+        )
+        mine: dict[int, list[float]] = {}
+        with torch.no_grad():
+            for whole in mbs:
+                mb, full, bounds, n_micro = self._micro_batches(whole, collate(whole), collate)
+                assert mb.row_index is not None
+                for idx in bounds:
+                    sub = full if idx == list(range(full.num_rows)) else full.take(idx)
+                    lp = self._policy_logprobs([mb.rows[i] for i in idx], sub, extras=False)[0]
+                    lp = lp.double().cpu()
+                    for j, i in enumerate(idx):
+                        mine[int(mb.row_index[i])] = lp[j, : len(mb.rows[i].response_ids)].tolist()
+                for _ in range(n_micro - len(bounds)):  # FSDP2 lockstep, as in _minibatch_step
+                    for pol, _ in self.scale.forward_plan([]):
+                        self._lockstep_forward(pol)
+        if self.dist.enabled:
+            mine = {i: lp for part in all_gather_objects(mine, self.dist) for i, lp in part.items()}
+        rest = [i for i in range(len(rows)) if i not in mine]  # the same on every rank (same table)
+        if rest:
+            mine.update(zip(rest, self.scale.old_logprobs([rows[i] for i in rest]), strict=True))
+        return [mine[i] for i in range(len(rows))]
+
     def _minibatch_step(
         self,
         mb: MiniBatch,
@@ -865,17 +954,7 @@ class Trainer:
         full = collate(mb)
         loss_cfg = self._loss_config(loss_denominator(unit, full.response_mask, full.event_index))
         tokens = loss_denominator("tokens", full.response_mask)
-        if self.dist.enabled:  # normalisers above span the whole minibatch; this rank computes its shard
-            mb = self.scale.shard(mb)
-            if mb.num_rows:  # a rank without an event still joins the gradient all-reduce (zeros)
-                full = collate(mb)
-        budget = cfg.max_tokens_per_microbatch
-        if cfg.prefix_tree:  # events sharing prefixes together, the budget in prefix-tree nodes
-            bounds = prefix_micro_batches(mb.rows, mb.event_index, budget)
-        else:
-            bounds = [list(range(a, b)) for a, b in micro_batch_bounds(mb.rows, mb.event_index, budget)]
-        bounds = bounds if mb.num_rows else []
-        n_micro = self.scale.agree_count(len(bounds))  # FSDP2: every rank runs the most any rank has
+        mb, full, bounds, n_micro = self._micro_batches(mb, full, collate)
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         micro: list[dict[str, float]] = []
@@ -957,8 +1036,23 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> list[dict[str, Any]]:
+        """Run :meth:`_train_loop` with the run's trackers open (closed however the loop ends)."""
+        self._tracker = open_trackers(
+            (*self.cfg.logger, *(("tensorboard",) if self.cfg.tensorboard else ())), self.out,
+            resume=self.iteration > 0, echo=None if self._quiet else self.log, main=self.dist.is_main,
+        )  # fmt: skip
+        try:
+            self._tracker.log_hparams(flatten_config(asdict(self.cfg)))  # a resumed run's backends skip it
+            return self._train_loop()
+        finally:
+            self._tracker.close()
+            self._tracker = None
+
+    def _train_loop(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.dist.is_main:  # the resolved config: `srpo train --config OUT/config.toml` reruns this run
+            config_sections.write_run_config(cfg, self.out)
         history = self._start_metrics()
         grading = GradingMonitor()  # grading/... deltas per record (the first includes iteration 0's eval)
         if cfg.eval_every and self.iteration == 0 and not history:
@@ -1042,15 +1136,11 @@ class Trainer:
         return ckpt.trim_metrics(self.metrics_path, self.iteration)
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
-        ckpt.append_metrics(self.metrics_path, record)
-        if self.cfg.tensorboard:
-            if self._tb is None:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.out / "tb"))
-            for k, v in record.items():
-                if isinstance(v, int | float) and k != "iteration":
-                    self._tb.add_scalar(k, v, record["iteration"])
+        """One row to metrics.jsonl and the other --logger backends (outside train(): metrics.jsonl)."""
+        if self._tracker is None:
+            ckpt.append_metrics(self.metrics_path, record)
+        else:
+            self._tracker.log(record, step=int(record["iteration"]))
 
     @property
     def checkpoint_path(self) -> Path:
