@@ -66,7 +66,7 @@ def llm_demo(
     import json
 
     import srpo_envs
-    from agents.openai_policy import OpenAIServerError, parse_model_spec, served_policies
+    from agents.openai_policy import parse_model_spec, served_policies
     from agents.policy import PolicyMap, SamplingParams
     from agents.rollout import RolloutCollector
 
@@ -76,7 +76,7 @@ def llm_demo(
             raise typer.BadParameter("an openai: model needs --base-url URL", param_hint="--base-url")
         try:
             policies = served_policies(served, base_url, api=api)  # type: ignore[arg-type]
-        except (ValueError, OpenAIServerError) as exc:
+        except ValueError as exc:  # a failing server is an OpenAIServerError: the external-service status
             raise typer.BadParameter(str(exc), param_hint="--base-url") from None
     else:
         from agents.hf import HFPolicy

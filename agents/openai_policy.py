@@ -9,9 +9,10 @@ gives each role its own endpoint (or shares one).
 
 Failures: 408/409/425/429/5xx answers, connection errors, timeouts (``timeout`` seconds for the whole
 request, not just per socket read) and a 200 whose body is not JSON are retried ``max_retries`` times
-with exponential backoff and jitter (``Retry-After`` is honoured, capped at ``max_backoff``); anything
-else (a 400 naming a bad argument, a 401, a body without ``choices``) is one :class:`OpenAIServerError`
-line with the status and the server's message. The API key is read from the environment variable
+with exponential backoff and jitter, never sooner than a ``Retry-After`` asks (one longer than
+``max_backoff`` stops at once, saying when to rerun); anything else (a 400 naming a bad argument, a 401, a
+body without ``choices``) is one :class:`OpenAIServerError` line with the status and the server's message
+(an external-service failure: ``srpo`` exits with its own status, naming the server). The API key is read from the environment variable
 ``api_key_env`` (default ``OPENAI_API_KEY``) and only ever placed in the ``Authorization`` header: it
 is in no message, ``repr``, log line or cache key.
 
@@ -69,6 +70,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agents.policy import Generation, GenerationRequest, PolicyMap
+from srpo_common.errors import ExternalServiceError, retry_after_seconds
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +103,17 @@ _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 MODEL_PREFIX = "openai:"
 
 
-class OpenAIServerError(RuntimeError):
-    """The server refused a request, or kept failing past the retries (one line: status and reason)."""
+class OpenAIServerError(ExternalServiceError):
+    """The server refused a request, or kept failing past the retries (one line: status and reason).
+
+    An :class:`~srpo_common.errors.ExternalServiceError`: ``srpo`` exits with the external-service status
+    and names the server, not "internal error"."""
+
+    service = "the OpenAI-compatible server"
+    default_hint = (
+        "check that server (its log, its load, the model it serves) and --base-url, then rerun "
+        "(an eval resumes from its response cache)"
+    )
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,7 @@ class _Attempt:
     retry: str | None = None
     retry_after: float | None = None
     error: str | None = None
+    status: int | None = None  # the HTTP status of the answer, when there was one
 
 
 def parse_model_spec(spec: str) -> str | None:
@@ -279,23 +291,20 @@ class OpenAIPolicy:
             return _Attempt(retry=f"timed out after {self.timeout:g}s")
         except httpx.TransportError as exc:
             return _Attempt(retry=f"{type(exc).__name__}: {exc}")
-        if resp.status_code in RETRY_STATUSES:
-            after = resp.headers.get("retry-after")
-            try:
-                wait = float(after) if after is not None else None
-            except ValueError:
-                wait = None
-            return _Attempt(retry=f"HTTP {resp.status_code} {_server_message(resp)}", retry_after=wait)
-        if resp.status_code >= 400:
-            return _Attempt(error=f"HTTP {resp.status_code} {_server_message(resp)}")
+        status = resp.status_code
+        if status in RETRY_STATUSES:
+            wait = retry_after_seconds(resp.headers.get("retry-after"))
+            return _Attempt(retry=f"HTTP {status} {_server_message(resp)}", retry_after=wait, status=status)
+        if status >= 400:
+            return _Attempt(error=f"HTTP {status} {_server_message(resp)}", status=status)
         if not expect_json:  # vLLM's adapter routes answer 200 with a plain-text sentence
             return _Attempt(data={"status": resp.status_code, "text": resp.text[:300]})
         try:
             data = resp.json()
         except ValueError as exc:
-            return _Attempt(retry=f"malformed JSON in a {resp.status_code} answer ({exc})")
+            return _Attempt(retry=f"malformed JSON in a {status} answer ({exc})", status=status)
         if not isinstance(data, dict):
-            return _Attempt(retry=f"the answer is JSON {type(data).__name__}, not an object")
+            return _Attempt(retry=f"the answer is JSON {type(data).__name__}, not an object", status=status)
         return _Attempt(data=data)
 
     async def _call(
@@ -304,6 +313,7 @@ class OpenAIPolicy:
         """One logical request with retries; the answer's JSON object or :class:`OpenAIServerError`."""
         url = f"{self.base_url}{path}"
         last = ""
+        status: int | None = None
         for attempt in range(self.max_retries + 1):
             await self._ensure_client()
             assert self._sem is not None
@@ -312,17 +322,28 @@ class OpenAIPolicy:
             if result.data is not None:
                 return result.data
             if result.error is not None:
-                raise OpenAIServerError(f"{method} {url}: {result.error}")
-            last = result.retry or "failed"
+                raise OpenAIServerError(f"{method} {url}: {result.error}", url=url, status=result.status)
+            last, status = result.retry or "failed", result.status
             if attempt == self.max_retries:
                 break
+            if result.retry_after is not None and result.retry_after > self.max_backoff:
+                # asking again sooner than the server said would only be refused again: stop, and say when
+                raise OpenAIServerError(
+                    f"{method} {url}: {last}; the server asks to retry after {result.retry_after:g}s "
+                    f"(Retry-After), longer than this client waits ({self.max_backoff:g}s)",
+                    url=url,
+                    status=status,
+                    hint=f"rerun in {math.ceil(result.retry_after)}s or more (an eval resumes from its cache)",
+                )
             self.stats["retries"] += 1
             delay = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + 0.5 * self._rng.random())
-            if result.retry_after is not None:
-                delay = min(self.max_backoff, max(delay, result.retry_after))
+            if result.retry_after is not None:  # never sooner than the server asked (within max_backoff)
+                delay = max(delay, result.retry_after)
             log.warning("%s %s: %s; retry %d/%d in %.2fs", method, url, last, attempt + 1, self.max_retries, delay)
             await asyncio.sleep(delay)
-        raise OpenAIServerError(f"{method} {url}: gave up after {self.max_retries + 1} attempts: {last}")
+        raise OpenAIServerError(
+            f"{method} {url}: gave up after {self.max_retries + 1} attempts: {last}", url=url, status=status
+        )
 
     # ------------------------------------------------------------------ model name
     async def _resolve_model(self) -> str:
@@ -333,7 +354,9 @@ class OpenAIPolicy:
         ids = [str(m["id"]) for m in cards if not m.get("parent")]  # vLLM lists LoRA adapters with a parent
         if len(ids) != 1:
             raise OpenAIServerError(
-                f"GET {self.base_url}/models lists {ids or 'no models'}: name one with openai:NAME / model="
+                f"GET {self.base_url}/models lists {ids or 'no models'}: name one with openai:NAME / model=",
+                url=f"{self.base_url}/models",
+                hint="name the model with --model openai:NAME",
             )
         self.model = ids[0]
         return self.model
@@ -356,7 +379,11 @@ class OpenAIPolicy:
                 raise
             ids = [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict) and m.get("id")]
             if self.model and ids and self.model not in ids:
-                raise OpenAIServerError(f"{self.base_url} serves {ids}, not {self.model!r}")
+                raise OpenAIServerError(
+                    f"{self.base_url} serves {ids}, not {self.model!r}",
+                    url=self.base_url,
+                    hint=f"name one of {ids} with --model openai:NAME, or point --base-url at the right server",
+                )
             return await self._resolve_model()
 
         return self._run(check())
@@ -452,7 +479,9 @@ class OpenAIPolicy:
             return self._parse(request, endpoint, body, data)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise OpenAIServerError(
-                f"POST {self.base_url} ({endpoint}): unexpected answer layout: {type(exc).__name__}: {exc}"
+                f"POST {self.base_url} ({endpoint}): unexpected answer layout: {type(exc).__name__}: {exc}",
+                url=self.base_url,
+                hint="is --base-url an OpenAI-compatible API root (.../v1)? check that server's version and log",
             ) from None
 
     async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:

@@ -14,8 +14,13 @@ Exit status:
 * 2 - bad usage or bad input: an unknown option or value, a missing, corrupt, oversized or too deeply
   nested file, a checkpoint refused by its manifest or its contents, an invalid record
 * 3 - training diverged: non-finite loss or gradients for ``--max-nonfinite-steps`` optimizer steps in
-  a row (the last finite checkpoint is kept, nothing is exported)
+  a row, or an update past the divergence guard's ``--guard-*`` thresholds (:mod:`learners.guard`); the
+  last good checkpoint is kept, the diverged weights are neither checkpointed nor exported
 * 4 - the system failed: disk full (ENOSPC, quota), permission denied, out of memory, other OS errors
+* 5 - an external service failed: an OpenAI-compatible server, a retrieval server or an env server
+  answered an error (5xx, 429 past the retries), malformed JSON or nothing
+  (:class:`srpo_common.errors.ExternalServiceError`); the line names the service, its URL, the HTTP
+  status and what to do
 * 70 - internal error (a bug in srpo): please report it with the ``--debug`` traceback
 * 130 - interrupted (Ctrl-C)
 """
@@ -37,8 +42,9 @@ EXIT_CODES = {
     0: "success",
     1: "a check failed (invalid records, reproduction mismatches)",
     2: "bad usage or bad input (options, corrupt/hostile/missing files, refused checkpoints)",
-    3: "training diverged (non-finite loss or gradients)",
+    3: "training diverged (non-finite loss or gradients, or past a --guard-* threshold)",
     4: "the system failed (disk full, permission denied, out of memory, other OS errors)",
+    5: "an external service failed (OpenAI-compatible, retrieval or env server: named in the message)",
     70: "internal error (a bug: rerun with --debug and report the traceback)",
     130: "interrupted",
 }
@@ -199,6 +205,8 @@ def _classify(exc: BaseException) -> tuple[int, str]:
     names = {(k.__module__, k.__qualname__) for k in type(exc).__mro__}
     if isinstance(exc, KeyboardInterrupt):
         return 130, "interrupted"
+    if ("srpo_common.errors", "ExternalServiceError") in names:  # before OSError: EnvServerError is one
+        return 5, f"error: {_one_line(exc.one_line())}"  # type: ignore[attr-defined]
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
         where = f" writing {exc.filename}" if exc.filename else ""
         return 4, f"error: disk full{where} ({exc.strerror or exc}); nothing half-written was published"

@@ -6,8 +6,10 @@ shared state text) and the same text spaces (:class:`~srpo_envs.spaces.UnicodeTe
 env's length limits), so PettingZoo's ``parallel_api_test`` and ``parallel_seed_test`` pass against it
 (``tests/test_env_server.py``). Values come back through JSON (:func:`srpo_envs.env_server.jsonable`:
 tuples become lists, non-finite floats ``None``). A 4xx answer raises ``ValueError`` with the server's
-reason (what the local env would raise for the same bad action); connection failures and 5xx answers
-raise ``ConnectionError``. The session is created on construction and deleted by :meth:`close`.
+reason (what the local env would raise for the same bad action); connection failures, 5xx answers and
+answers that are not JSON raise :class:`EnvServerError` (a ``ConnectionError`` and an external-service
+failure: ``srpo`` exits with its own status, naming the server). The session is created on construction
+and deleted by :meth:`close`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from typing import Any
 
 from pettingzoo import ParallelEnv
 
+from srpo_common.errors import ExternalServiceError
 from srpo_envs.spaces import TextSpaces
+
+
+class EnvServerError(ExternalServiceError, ConnectionError):
+    """The env server was unreachable, failed (5xx) or answered something that is not JSON."""
+
+    service = "the env server"
+    default_hint = "check that `srpo serve-env` is running at that URL (its log), then rerun"
 
 
 class RemoteEnv(TextSpaces, ParallelEnv):
@@ -65,12 +75,17 @@ class RemoteEnv(TextSpaces, ParallelEnv):
         try:
             resp = self._http.request(method, url, json=body)
         except httpx.HTTPError as exc:
-            raise ConnectionError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
+            raise EnvServerError(f"{method} {url}: {type(exc).__name__}: {exc}", url=url) from None
         if 400 <= resp.status_code < 500:
             raise ValueError(f"{self.env_id} server: {_detail(resp)}")
         if resp.status_code >= 500:
-            raise ConnectionError(f"{method} {url}: HTTP {resp.status_code} {_detail(resp)}")
-        return resp.json()
+            raise EnvServerError(f"{method} {url}: {_detail(resp)}", url=url, status=resp.status_code)
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise EnvServerError(
+                f"{method} {url}: the answer is not JSON ({exc})", url=url, status=resp.status_code
+            ) from None
 
     # ------------------------------------------------------------------ API
     @property
@@ -135,4 +150,4 @@ def _detail(resp: Any) -> str:
     return f"HTTP {resp.status_code} {detail}"
 
 
-__all__ = ["RemoteEnv"]
+__all__ = ["EnvServerError", "RemoteEnv"]

@@ -3,7 +3,7 @@
 It is an ``httpx.MockTransport`` handler (no sockets). Answers are a pure function of the request body,
 so a resumed eval that asks the same question gets the same answer, and every body is recorded so a
 test can count duplicates. ``failures`` is a queue of what the next requests get instead of an answer:
-``"429"``, ``"500"``, ``"timeout"`` (sleeps past the client's timeout), ``"malformed"`` (200 with a body
+``"429"`` (``"429:N"``: with ``Retry-After: N``), ``"500"``, ``"timeout"`` (sleeps past the client's timeout), ``"malformed"`` (200 with a body
 that is not JSON), ``"bad-request"`` (400), ``"interrupt"`` (raises :class:`Interrupted`, which no
 client retries: a stand-in for Ctrl-C / a killed process mid-eval).
 """
@@ -57,8 +57,9 @@ class StandIn:
             raise Interrupted("the eval was killed here")
         if self.failures:
             what = self.failures.pop(0)
-            if what == "429":
-                return httpx.Response(429, json={"error": {"message": "rate limited"}}, headers={"retry-after": "0"})
+            if what.startswith("429"):  # "429:N": Retry-After N seconds (default 0)
+                after = what.partition(":")[2] or "0"
+                return httpx.Response(429, json={"error": {"message": "rate limited"}}, headers={"retry-after": after})
             if what == "500":
                 return httpx.Response(500, json={"error": {"message": "engine died"}})
             if what == "timeout":

@@ -4,11 +4,14 @@ Keeps the :class:`Retriever` contract across the network: blank queries get ``[]
 (servers reject them), batches larger than the server's limit are split, over-long queries are
 cut to the server's limit (a 4k-character query is noise to BM25 anyway, and a rollout must not
 die on it), and transient failures - connection errors, timeouts, 429 and 5xx - are retried with
-exponential backoff. A 4xx other than 429 is a caller error and raises ``ValueError`` at once.
+exponential backoff (never sooner than a ``Retry-After`` asks, within ``max_backoff``). A 4xx other than
+429 is a caller error and raises ``ValueError`` at once; a server that keeps failing is a
+:class:`RemoteRetrieverError` (an external-service failure: ``srpo`` exits with its own status, naming it).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -16,13 +19,17 @@ from typing import Any
 
 import httpx
 
+from srpo_common.errors import ExternalServiceError, retry_after_seconds
 from srpo_envs.retrievers.base import Passage, Retriever, ServerLimits, passage_from_record
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
-class RemoteRetrieverError(RuntimeError):
-    """The server stayed unreachable or failing after all retries."""
+class RemoteRetrieverError(ExternalServiceError):
+    """The server stayed unreachable or failing after all retries, or answered in a layout it should not."""
+
+    service = "the retrieval server"
+    default_hint = "check that server (`srpo serve-retriever` or Search-R1's: its log) and the retriever URL, then rerun"
 
 
 class RemoteRetriever(Retriever):
@@ -69,24 +76,35 @@ class RemoteRetriever(Retriever):
         resp.raise_for_status()
         return resp.json()
 
-    def _sleep(self, attempt: int) -> None:
+    def _sleep(self, attempt: int, at_least: float | None = None) -> None:
         with self._rng_lock:
             jitter = self._rng.random()
         delay = min(self.max_backoff, self.backoff * 2**attempt)
-        time.sleep(delay * (1 + 0.25 * jitter))
+        time.sleep(max(delay * (1 + 0.25 * jitter), at_least or 0.0))
 
     def _post(self, payload: dict[str, Any]) -> Any:
         last = ""
+        status: int | None = None
+        wait: float | None = None
         for attempt in range(self.retries + 1):
             if attempt:
-                self._sleep(attempt - 1)
+                self._sleep(attempt - 1, wait)
             try:
                 resp = self._client.post(self.retrieve_url, json=payload, timeout=self.timeout)
             except httpx.TransportError as exc:  # connect/read errors and timeouts
-                last = f"{type(exc).__name__}: {exc}"
+                last, status, wait = f"{type(exc).__name__}: {exc}", None, None
                 continue
             if resp.status_code in _RETRY_STATUS:
-                last = f"HTTP {resp.status_code}: {resp.text[:300]}"
+                last, status = f"HTTP {resp.status_code}: {resp.text[:300]}", resp.status_code
+                wait = retry_after_seconds(resp.headers.get("retry-after"))
+                if wait is not None and wait > self.max_backoff and attempt < self.retries:
+                    raise RemoteRetrieverError(
+                        f"{self.retrieve_url}: {last}; the server asks to retry after {wait:g}s (Retry-After), "
+                        f"longer than this client waits ({self.max_backoff:g}s)",
+                        url=self.retrieve_url,
+                        status=status,
+                        hint=f"rerun in {math.ceil(wait)}s or more",
+                    )
                 continue
             if resp.status_code >= 400:
                 raise ValueError(
@@ -95,9 +113,11 @@ class RemoteRetriever(Retriever):
             try:
                 return resp.json()["result"]
             except (ValueError, KeyError, TypeError) as exc:
-                last = f"malformed response: {exc}"
+                last, status, wait = f"malformed response: {exc}", resp.status_code, None
                 continue
-        raise RemoteRetrieverError(f"{self.retrieve_url} failed after {self.retries + 1} attempts: {last}")
+        raise RemoteRetrieverError(
+            f"{self.retrieve_url} failed after {self.retries + 1} attempts: {last}", url=self.retrieve_url, status=status
+        )
 
     @staticmethod
     def _to_passage(item: Any) -> Passage:
@@ -130,7 +150,9 @@ class RemoteRetriever(Retriever):
             result = self._post(payload)
             if not isinstance(result, list) or len(result) != len(chunk):
                 raise RemoteRetrieverError(
-                    f"server returned {type(result).__name__} for {len(chunk)} queries"
+                    f"server returned {type(result).__name__} for {len(chunk)} queries",
+                    url=self.retrieve_url,
+                    hint="is the URL a Search-R1-style /retrieve server? check its version and log",
                 )
             for i, hits in zip(chunk, result, strict=True):
                 out[i] = [self._to_passage(h) for h in hits]
