@@ -5,6 +5,10 @@ dataclass *is* the command line; each field's docstring is its ``--help`` text),
 field is a new option with no edit here. ``--algo`` accepts every name in
 :data:`learners.algorithms.ALGORITHMS`, including ones registered by user code before the command
 runs.
+
+Experiment files: ``srpo train --config exp.toml --set rollout.group_size=8`` reads the config's sections
+(:mod:`learners.config`; defaults < file < options given on the command line < ``--set``), and every run
+writes its resolved config to ``OUT/config.toml``, so ``srpo train --config OUT/config.toml`` reruns it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import typer
 from agents.model_source import ModelNotAvailable
 from learners.algorithms import ALGORITHMS
 from learners.checkpoint import CheckpointError
+from learners.config import train_layout
 from learners.memory_plan import GIB, MemoryPlanError
 from learners.served import LogprobMismatchError
 from learners.trainer import TrainConfig, train
@@ -36,6 +41,7 @@ _ALGO_HELP = "algorithm, one of: " + ", ".join(
         "eval_env_kwargs": "--eval-env-kwarg",
     },
     helps={"algo": _ALGO_HELP},
+    layout=train_layout,  # --config exp.toml / --set section.field=value (learners.config)
 )
 def train_command(
     cfg: TrainConfig,

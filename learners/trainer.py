@@ -178,10 +178,10 @@ class TrainConfig:
     """stop the run (non-zero exit, last finite checkpoint kept, nothing exported) after this many optimizer
     steps in a row were skipped for a non-finite loss or gradient norm (each is counted in
     actor/nonfinite_steps)"""
-    guard_max_approx_kl: float = 1.0
+    guard_max_approx_kl: float = 5.0
     """divergence guard (learners.guard): stop the run (exit 3, this iteration's weights neither checkpointed
     nor exported) when an iteration's actor/approx_kl exceeds this (inf: off)"""
-    guard_max_log_ratio: float = 2.0
+    guard_max_log_ratio: float = 3.0
     """divergence guard: stop when an iteration's actor/mean_abs_log_ratio exceeds this (inf: off)"""
     guard_max_loss: float = 100.0
     """divergence guard: stop when an iteration's |actor/loss| exceeds this (inf: off)"""

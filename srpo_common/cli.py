@@ -39,6 +39,14 @@ Usage (``run``'s own parameters after the config become extra options, declared 
 
 A ``ValueError`` raised while building the config (``__post_init__`` validation) becomes a
 ``typer.BadParameter``, so bad input is a usage error with the config's own message, not a traceback.
+
+Experiment files: with ``layout=`` (a :class:`srpo_common.config_file.Layout` of the dataclass, or a
+function returning one) the command also takes ``--config FILE`` (TOML in the layout's sections) and
+repeatable ``--set section.field=value``. Precedence, lowest first: the dataclass's (or ``defaults=``)
+value < the file < an option given on the command line < ``--set``. An option counts as given when click
+says its value came from the command line (or an environment variable), not from its default, so a
+flag repeated at its default value still beats the file. A ``dict`` option's ``KEY=VALUE`` items merge
+over the file's table. An unknown key is a usage error naming the nearest valid one.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from typing import Any, Literal, TypeVar
 
 import typer
 
+from srpo_common.config_file import ConfigFileError, Layout
 from srpo_common.kv import parse_kv
 
 T = TypeVar("T")
@@ -175,12 +184,15 @@ class _Converter:
             self.type = self.type | None  # type: ignore[operator]
 
     def param_decls(self) -> tuple[str, ...]:
+        options = self.option.split(",")  # "--eval-k,--k": the first is the name, the rest aliases
         if self.kind == "bool":
-            flag = self.option.removeprefix("--")
-            return (f"--{flag}/--no-{flag}",)
-        return (self.option,)
+            flags = [o.removeprefix("--") for o in options]
+            return tuple(f"--{f}/--no-{f}" for f in flags)
+        return tuple(options)
 
-    def convert(self, value: Any) -> Any:
+    def convert(self, value: Any, base: Any = ...) -> Any:
+        """The option value as the field's value; a dict option merges over ``base`` (the file's table)
+        when given, else over the field's default."""
         if value is None:
             return None
         if self.kind == "literal":
@@ -195,7 +207,8 @@ class _Converter:
             return self.container(items)
         if self.kind == "dict":
             try:
-                return {**self.base_default, **parse_kv(value, option=self.option)}
+                merged = dict(base) if isinstance(base, Mapping) else self.base_default
+                return {**merged, **parse_kv(value, option=self.option.split(",")[0])}
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint=self.option) from None
         return value
@@ -208,15 +221,19 @@ def dataclass_command(
     names: Mapping[str, str] | None = None,
     defaults: Mapping[str, Any] | None = None,
     helps: Mapping[str, str] | None = None,
+    layout: Layout | Callable[[], Layout] | None = None,
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Decorator: ``run(cfg: config_cls, **extra)`` -> a typer command with one option per field.
 
     ``exclude``: fields left at their dataclass default (not settable from the command line).
-    ``names``: field -> option name (``{"env_id": "--env"}``); the default is ``--field-name``.
+    ``names``: field -> option name (``{"env_id": "--env"}``; ``"--eval-k,--k"`` adds an alias); the default
+    is ``--field-name``.
     ``defaults``: field -> the command's default when it differs from the dataclass's.
     ``helps``: field -> help text that replaces the field's documentation.
     ``run``'s parameters after the first are kept as extra options (typer-annotated as usual) and are
     passed through by name; a field may not share a name with one of them.
+    ``layout``: adds ``--config`` and ``--set`` (see the module docstring); a function is called when the
+    command runs, so a layout that cannot be built fails that command only.
     """
     skip = set(exclude)
     names, defaults, helps = dict(names or {}), dict(defaults or {}), dict(helps or {})
@@ -251,10 +268,18 @@ def dataclass_command(
                 inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=conv.type)
             )
         extra = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in run_params]
+        if layout is not None:
+            for name in (_CONFIG, _SETS, _CTX):
+                if name in extra_names or name in known:
+                    raise ValueError(f"{name!r} is reserved for --config/--set; rename it")
+            params += _file_params()
 
         @functools.wraps(run)
         def command(**kwargs: Any) -> R:
-            values = {name: conv.convert(kwargs.pop(name)) for name, conv in converters.items()}
+            if layout is None:
+                values = {name: conv.convert(kwargs.pop(name)) for name, conv in converters.items()}
+            else:
+                values = _layered(config_cls, converters, kwargs, layout() if callable(layout) else layout)
             try:
                 cfg = config_cls(**values)
             except ValueError as exc:
@@ -267,3 +292,60 @@ def dataclass_command(
         return command
 
     return decorate
+
+
+# ---------------------------------------------------------------------------------- --config / --set
+_CONFIG, _SETS, _CTX = "config_file_", "config_sets_", "click_ctx_"
+
+
+def _file_params() -> list[inspect.Parameter]:
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return [
+        inspect.Parameter(
+            _CONFIG, kw, annotation=Path | None,
+            default=typer.Option(
+                None, "--config", help="experiment file (TOML in the config's sections, e.g. a run's "
+                "config.toml); options given on the command line and --set override it",
+            ),
+        ),
+        inspect.Parameter(
+            _SETS, kw, annotation=list[str] | None,
+            default=typer.Option(
+                None, "--set", help="section.field=VALUE over everything else (repeatable; VALUE as TOML "
+                "when it parses: 8, 1e-4, true, [1,2], else a string)",
+            ),
+        ),
+        inspect.Parameter(_CTX, kw, annotation=typer.Context),
+    ]  # fmt: skip
+
+
+def _layered(
+    config_cls: type, converters: Mapping[str, _Converter], kwargs: dict[str, Any], layout: Layout
+) -> dict[str, Any]:
+    """The config's values: defaults < ``--config`` file < options given on the command line < ``--set``."""
+    path, sets, ctx = kwargs.pop(_CONFIG), kwargs.pop(_SETS) or [], kwargs.pop(_CTX)
+    try:
+        from_file = layout.read(path) if path is not None else {}
+        from_sets = layout.parse_sets(sets)
+    except ConfigFileError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--set" if str(exc).startswith("--set") else "--config") from None
+    # by name: typer may carry its own copy of click, whose ParameterSource is another enum class
+    given = ("COMMANDLINE", "ENVIRONMENT")
+    values: dict[str, Any] = {}
+    for name, conv in converters.items():
+        raw = kwargs.pop(name)
+        source = ctx.get_parameter_source(name)
+        if getattr(source, "name", None) in given or name not in from_file:
+            values[name] = conv.convert(raw, from_file.get(name, ...))
+        else:
+            values[name] = from_file[name]
+    for name, value in from_file.items():  # fields the command line cannot set (excluded) still load
+        values.setdefault(name, value)
+    for name, value in from_sets.items():
+        if isinstance(value, dict) and isinstance(values.get(name), dict) and name in {
+            h for h, _ in layout.tables.values()
+        }:
+            values[name] = {**values[name], **value}  # an open table's --set keys merge into it
+        else:
+            values[name] = value
+    return layout.typed(values)

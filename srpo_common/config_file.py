@@ -1,0 +1,253 @@
+"""Experiment files: a flat config dataclass written and read in named sections, as TOML.
+
+A config dataclass (``TrainConfig``, ``CompareOptions``) keeps its flat fields: they are the serialised
+schema that checkpoints and leaderboard hashes already hold, and each field is one ``--option``
+(:mod:`srpo_common.cli`). A :class:`Layout` says which section each field belongs to; an experiment
+file is written in those sections::
+
+    [rollout]
+    group_size = 8
+    temperature = 1.0
+
+    [update]
+    lr = 1e-4
+
+Why TOML (``tomllib`` to read, ``tomli-w`` to write): ``tomllib`` is in the standard library, ``tomli-w``
+is a small maintained writer with no dependencies; TOML has typed values (int vs float vs bool vs
+string, ``inf``), tables for sections and no code execution, and it is what ``pyproject.toml`` and
+prime-rl use. pydantic would duplicate the dataclasses' validation (``__post_init__`` stays the one
+validator); OmegaConf/Hydra bring interpolation and a config-composition framework this project does
+not need. TOML has no ``null``: a field whose value is ``None`` is left out of the file (every such
+field here defaults to ``None``, so it reads back the same); writing a ``None`` where the default is
+not ``None`` is refused with the field's name.
+
+Overrides are ``--set section.field=value`` (the value parsed as TOML when it parses, e.g. ``8``,
+``1e-4``, ``true``, ``[1, 2]``, ``{a = 1}``, else taken as a string). An unknown key, in a file or in
+``--set``, is an error that names the nearest valid key; a known field under the wrong section names
+its section (:class:`ConfigFileError`, a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from srpo_common.io import atomic_write_text
+
+
+class ConfigFileError(ValueError):
+    """A bad experiment file or ``--set`` item: unknown key, wrong section, unparsable TOML."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Which section each field of a flat config dataclass belongs to.
+
+    ``sections``: section name -> its field names, in file order. Every field of ``cls`` must be in
+    exactly one section (checked here, naming the unplaced or doubled fields, so a new field without a
+    section fails at import time, not when a file silently drops it).
+    """
+
+    cls: type
+    sections: Mapping[str, tuple[str, ...]]
+    #: section -> (the ``dict`` field that holds its other keys, the keys it accepts): an open table such as
+    #: ``bench compare``'s ``[train]``, whose named fields are options and whose other keys are any
+    #: ``TrainConfig`` field. The holding field counts as placed in that section.
+    tables: Mapping[str, tuple[str, frozenset[str]]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = [f.name for f in dataclasses.fields(self.cls)]
+        placed = [n for fs in self.sections.values() for n in fs] + [h for h, _ in self.tables.values()]
+        unplaced = [n for n in names if n not in placed]
+        doubled = sorted({n for n in placed if placed.count(n) > 1})
+        unknown = [n for n in placed if n not in names]
+        problems = []
+        if unplaced:
+            problems.append(f"fields in no section: {unplaced} (add each to one section)")
+        if doubled:
+            problems.append(f"fields in more than one section: {doubled}")
+        if unknown:
+            problems.append(f"sections name fields {self.cls.__name__} does not have: {unknown}")
+        if problems:
+            raise ValueError(f"{self.cls.__name__} layout: " + "; ".join(problems))
+
+    @property
+    def section_of(self) -> dict[str, str]:
+        """field -> its section."""
+        return {name: sec for sec, names in self.sections.items() for name in names}
+
+    def keys(self) -> list[str]:
+        """Every valid dotted key, ``section.field`` (an open table's accepted keys included)."""
+        named = [f"{sec}.{name}" for sec, names in self.sections.items() for name in names]
+        return named + [f"{sec}.{name}" for sec, (_, ok) in self.tables.items() for name in sorted(ok)]
+
+    # ------------------------------------------------------------------ flat <-> sections
+    def nest(self, flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """A flat field -> value mapping as ``{section: {field: value}}`` (sections in layout order)."""
+        where = self.section_of
+        holders = {holder: sec for sec, (holder, _) in self.tables.items()}
+        out: dict[str, dict[str, Any]] = {sec: {} for sec in self.sections}
+        order = {name: i for i, name in enumerate(where)}  # each section's fields in layout order
+        for name, value in sorted(flat.items(), key=lambda kv: order.get(kv[0], -1)):
+            if name in holders:
+                out[holders[name]].update(value or {})
+                continue
+            if name not in where:
+                raise ConfigFileError(self._unknown(name))
+            out[where[name]][name] = value
+        return {sec: dict(sorted(vals.items())) if sec in self.tables else vals for sec, vals in out.items() if vals}
+
+    def flatten(self, nested: Mapping[str, Any], source: str = "config") -> dict[str, Any]:
+        """``{section: {field: value}}`` -> flat fields; unknown sections/keys and misplaced fields raise."""
+        where = self.section_of
+        flat: dict[str, Any] = {}
+        for sec, values in nested.items():
+            if sec not in self.sections:
+                if sec in where:  # a field written at the top level
+                    raise ConfigFileError(
+                        f"{source}: {sec!r} belongs in section [{where[sec]}] (write it as {where[sec]}.{sec})"
+                    )
+                raise ConfigFileError(f"{source}: {self._unknown(sec, section=True)}")
+            if not isinstance(values, Mapping):
+                raise ConfigFileError(f"{source}: [{sec}] must be a table of fields, got {values!r}")
+            for name, value in values.items():
+                field = self.check_key(f"{sec}.{name}", source)
+                if sec in self.tables and field != name:  # an open table's key: into its holding dict
+                    flat.setdefault(field, {})[name] = value
+                else:
+                    flat[field] = value
+        return flat
+
+    def check_key(self, key: str, source: str = "--set") -> str:
+        """``section.field`` -> ``field`` (an open table's other keys -> its holding field); an unknown key
+        or a field in the wrong section raises."""
+        sec, _, name = key.partition(".")
+        if sec in self.sections and name in self.sections[sec]:
+            return name
+        if sec in self.tables and name in self.tables[sec][1]:
+            return self.tables[sec][0]
+        if not name:
+            where = self.section_of
+            hint = f"; did you mean '{where[sec]}.{sec}'?" if sec in where else self._suggest(key)
+            raise ConfigFileError(f"{source}: key {key!r} must be section.field{hint}")
+        where = self.section_of
+        if name in where:
+            raise ConfigFileError(
+                f"{source}: unknown key {key!r}: {name!r} is in section [{where[name]}]; "
+                f"did you mean '{where[name]}.{name}'?"
+            )
+        raise ConfigFileError(f"{source}: unknown key {key!r}{self._suggest(key)}")
+
+    def _suggest(self, key: str) -> str:
+        close = difflib.get_close_matches(key, self.keys(), n=1, cutoff=0.5)
+        if not close:  # a typo'd section with a right field, or the field alone: match on the field name
+            name = key.rpartition(".")[2]
+            hit = difflib.get_close_matches(name, list(self.section_of), n=1, cutoff=0.6)
+            close = [f"{self.section_of[hit[0]]}.{hit[0]}"] if hit else []
+        return f"; did you mean {close[0]!r}?" if close else f" (sections: {', '.join(self.sections)})"
+
+    def _unknown(self, name: str, section: bool = False) -> str:
+        pool = list(self.sections) if section else list(self.section_of)
+        close = difflib.get_close_matches(name, pool, n=1, cutoff=0.5)
+        what = "section" if section else "field"
+        hint = f"; did you mean {close[0]!r}?" if close else f" (sections: {', '.join(self.sections)})"
+        return f"unknown {what} {name!r}{hint}"
+
+    # ------------------------------------------------------------------ files
+    def dumps(self, flat: Mapping[str, Any], header: str = "") -> str:
+        """TOML text of ``flat`` in sections; ``None`` values are left out (see the module docstring)."""
+        defaults = {f.name: f for f in dataclasses.fields(self.cls)}
+        kept: dict[str, Any] = {}
+        for name, value in flat.items():
+            if value is None:
+                f = defaults.get(name)
+                if f is not None and f.default is not None:
+                    raise ConfigFileError(
+                        f"{name}=None cannot be written to TOML (no null) and its default is not None"
+                    )
+                continue
+            kept[name] = _toml_value(value, name)
+        text = tomli_w.dumps(self.nest(kept))
+        lines = [f"# {line}".rstrip() for line in header.splitlines()] if header else []
+        return "\n".join(lines) + ("\n\n" if lines else "") + text
+
+    def write(self, path: str | Path, flat: Mapping[str, Any], header: str = "") -> Path:
+        """:meth:`dumps` written atomically (a reader never sees half a file)."""
+        return atomic_write_text(path, self.dumps(flat, header))
+
+    def read(self, path: str | Path) -> dict[str, Any]:
+        """The flat fields of an experiment file (only those it sets)."""
+        path = Path(path)
+        try:
+            nested = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigFileError(f"no experiment file {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigFileError(f"{path}: not valid TOML: {exc}") from None
+        return self.flatten(nested, source=str(path))
+
+    def parse_sets(self, items: Iterable[str]) -> dict[str, Any]:
+        """``--set section.field=value`` items -> flat fields (later items win)."""
+        out: dict[str, Any] = {}
+        for item in items:
+            key, eq, raw = item.partition("=")
+            if not eq:
+                raise ConfigFileError(f"--set: expected section.field=value, got {item!r}")
+            sec, _, name = key.strip().partition(".")
+            field = self.check_key(key.strip())
+            if sec in self.tables and field != name:
+                out.setdefault(field, {})[name] = parse_value(raw.strip())
+            else:
+                out[field] = parse_value(raw.strip())
+        return out
+
+    def typed(self, flat: Mapping[str, Any]) -> dict[str, Any]:
+        """Values read from TOML in the types the fields declare: an ``int`` written for a ``float`` field
+        becomes a float and an array for a ``tuple`` field a tuple, so a config read from a file equals
+        (and hashes as) the one the flags build."""
+        hints = typing.get_type_hints(self.cls)
+        out = dict(flat)
+        for name, value in flat.items():
+            base = _strip_none(hints.get(name))
+            if base is float and isinstance(value, int) and not isinstance(value, bool):
+                out[name] = float(value)
+            elif typing.get_origin(base) is tuple and isinstance(value, list):
+                out[name] = tuple(value)
+        return out
+
+
+def _strip_none(tp: Any) -> Any:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0] if len(rest) == 1 else tp
+    return tp
+
+
+def parse_value(raw: str) -> Any:
+    """A ``--set`` value: TOML when it parses as one (``8``, ``1e-4``, ``true``, ``[1,2]``), else the string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _toml_value(value: Any, name: str) -> Any:
+    """A config value as TOML can hold it: tuples as arrays, paths as strings; a nested ``None`` raises."""
+    if value is None:
+        raise ConfigFileError(f"{name}: TOML has no null; leave the key out instead")
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_toml_value(v, name) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _toml_value(v, f"{name}.{k}") for k, v in value.items()}
+    return value

@@ -1,0 +1,197 @@
+"""Experiment files: TrainConfig in sections, ``srpo train --config/--set``, the run's saved config.toml.
+
+The end-to-end checks compare a tiny run's final weights and logged metrics (timings left out) by sha256:
+exact equality is by design here (same seed, same process, CPU, one thread: the runs are bit-identical).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import learners.cli
+from learners import config as train_config
+from learners.trainer import TrainConfig
+from srpo_cli.app import app
+from srpo_common import sha256_json, weights_sha256
+from srpo_common.config_file import ConfigFileError, Layout
+
+MODEL = Path(__file__).resolve().parents[1] / "agents" / "checkpoints" / "mini-columns-sft"
+
+
+def test_every_field_is_in_exactly_one_section() -> None:
+    """A field added to TrainConfig without a section fails here, naming it and where to add it."""
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    placed = [n for fields in train_config.TRAIN_SECTIONS.values() for n in fields]
+    unplaced = [n for n in names if n not in placed]
+    assert not unplaced, f"TrainConfig fields in no section: {unplaced}; add each to learners/config.py TRAIN_SECTIONS"
+    doubled = sorted({n for n in placed if placed.count(n) > 1})
+    assert not doubled, f"fields in more than one section: {doubled}"
+    assert sorted(placed) == sorted(names), "TRAIN_SECTIONS names fields TrainConfig does not have"
+    train_config.train_layout()  # the layout itself agrees
+
+
+def test_layout_names_an_unplaced_field() -> None:
+    @dataclasses.dataclass
+    class Two:
+        a: int = 1
+        b: int = 2
+
+    with pytest.raises(ValueError, match=r"fields in no section: \['b'\]"):
+        Layout(Two, {"s": ("a",)})
+
+
+def test_sections_are_frozen_views_with_derived_values() -> None:
+    cfg = TrainConfig(algo="gspo", model="m", minibatches_per_iter=3, group_size=5)
+    assert cfg.rollout.group_size == 5
+    assert cfg.update.clip_range == cfg.clip_range() == (3e-4, 4e-4)  # GSPO's own clip range, resolved once
+    assert cfg.update.agg == cfg.resolved("agg") and cfg.update.adv_scale == cfg.resolved("adv_scale")
+    assert cfg.update.policy_loss == "gspo" and cfg.derived.adv_estimator == "grpo"
+    assert cfg.update.rows_per_minibatch(10) == 4  # minibatches_per_iter splits the batch
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rollout.group_size = 9  # type: ignore[misc]
+    assert cfg.rollout is cfg.rollout  # built once ...
+    cfg.group_size = 9
+    assert cfg.rollout.group_size == 9  # ... and rebuilt when a field is assigned
+    # the views are not fields: asdict (checkpoints, record hashes) holds the flat fields only
+    assert set(dataclasses.asdict(cfg)) == {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def test_old_flat_checkpoint_configs_load_and_round_trip_through_toml(tmp_path: Path) -> None:
+    flat = dataclasses.asdict(TrainConfig(model="m", kl_coef=0.01, env_kwargs={"difficulty": [2, 3]}))
+    flat["max_policy_lag"] = 1  # a removed field old checkpoints still carry
+    cfg = TrainConfig.from_dict(flat)
+    path = train_config.write_run_config(cfg, tmp_path)
+    text = path.read_text()
+    assert "[rollout]" in text and "[update]" in text and "kl_coef = 0.01" in text
+    again = train_config.read_train_config(path)
+    assert dataclasses.asdict(again) == dataclasses.asdict(cfg)  # the same config, so the same hash
+    assert train_config.flat_to_sections(dataclasses.asdict(cfg))["update"]["kl_coef"] == 0.01
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("rollout.grup_size=8", "unknown key 'rollout.grup_size'; did you mean 'rollout.group_size'?"),
+        ("update.group_size=8", "'group_size' is in section [rollout]; did you mean 'rollout.group_size'?"),
+        ("group_size=8", "did you mean 'rollout.group_size'?"),
+        ("update.kl_coeff=0.1", "did you mean 'update.kl_coef'?"),
+    ],
+)
+def test_unknown_or_misplaced_keys_name_the_valid_one(item: str, message: str) -> None:
+    with pytest.raises(ConfigFileError) as exc:
+        train_config.read_train_config(sets=[item])
+    assert message in str(exc.value)
+
+
+def test_a_typod_key_is_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["train", "--model", "m", "--set", "rollout.grup_size=8"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert "did you mean 'rollout.group_size'?" in result.output
+    exp = tmp_path / "exp.toml"
+    exp.write_text("[update]\ngroup_size = 8\n")
+    result = CliRunner().invoke(app, ["train", "--model", "m", "--config", str(exp)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert "rollout.group_size" in result.output
+
+
+def _captured(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> TrainConfig:
+    seen: list[TrainConfig] = []
+    monkeypatch.setattr(learners.cli, "train", lambda cfg, resume=False, log=None: seen.append(cfg) or [])
+    result = CliRunner().invoke(app, ["train", *args])
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+def test_precedence_defaults_file_flags_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    exp = tmp_path / "exp.toml"
+    exp.write_text(
+        '[run]\nmodel = "from-file"\n[rollout]\ngroup_size = 8\ntasks_per_iter = 3\n'
+        '[update]\nlr = 1\nkl_coef = 0.5\n[run.env_kwargs]\ndataset = "procedural-columns"\n'
+    )
+    cfg = _captured(monkeypatch, ["--config", str(exp)])
+    assert (cfg.model, cfg.group_size, cfg.tasks_per_iter, cfg.kl_coef) == ("from-file", 8, 3, 0.5)
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float)  # an int in the file is the float field's value
+    assert cfg.epochs == TrainConfig.epochs  # not in the file: the default
+    cfg = _captured(
+        monkeypatch,
+        ["--config", str(exp), "--group-size", "4", "--env-kwarg", "difficulty=[2,3]", "--set", "update.kl_coef=0.25"],
+    )
+    assert cfg.group_size == 4  # a flag given on the command line beats the file, even at its default value
+    assert cfg.tasks_per_iter == 3 and cfg.kl_coef == 0.25  # --set beats the file
+    assert cfg.env_kwargs == {"dataset": "procedural-columns", "difficulty": [2, 3]}  # KEY=VALUE merge over it
+    cfg = _captured(monkeypatch, ["--config", str(exp), "--group-size", "4", "--set", "rollout.group_size=16"])
+    assert cfg.group_size == 16  # --set beats the flag
+
+
+# ------------------------------------------------------------------------------------ end to end
+TINY = [
+    "--model", str(MODEL), "--env", "MathVerify-v0", "--env-kwarg", "dataset=procedural-columns",
+    "--env-kwarg", "difficulty=[2,3]", "--workflow", "proposers-aggregator", "--iterations", "2",
+    "--tasks-per-iter", "2", "--group-size", "2", "--epochs", "2", "--rows-per-batch", "8",
+    "--lr", "1e-5", "--kl-coef", "0.01", "--eval-every", "0", "--save-every", "0", "--seed", "3",
+]  # fmt: skip
+TINY_FILE = """\
+[run]
+model = "{model}"
+env_id = "MathVerify-v0"
+iterations = 2
+seed = 3
+save_every = 0
+
+[run.env_kwargs]
+dataset = "procedural-columns"
+difficulty = [2, 3]
+workflow = "proposers-aggregator"
+
+[rollout]
+tasks_per_iter = 2
+group_size = 2
+
+[update]
+epochs = 2
+rows_per_batch = 8
+lr = 1e-5
+kl_coef = 0.01
+
+[eval]
+eval_every = 0
+"""
+
+
+def _run_fingerprint(args: list[str], out: Path) -> dict[str, str]:
+    """Train in-process; sha256 of the final weights and of the logged metrics without timings."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = CliRunner().invoke(app, ["train", *args, "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    timeless = [{k: v for k, v in r.items() if not k.endswith("_s") and not k.startswith("time/")} for r in rows]
+    return {"weights": weights_sha256(out / "final"), "metrics": sha256_json(timeless), "n": str(len(rows))}
+
+
+@pytest.mark.slow
+def test_file_run_equals_flags_run_and_config_toml_reproduces(tmp_path: Path) -> None:
+    flags = _run_fingerprint(TINY, tmp_path / "flags")
+    exp = tmp_path / "exp.toml"
+    exp.write_text(TINY_FILE.format(model=MODEL))
+    from_file = _run_fingerprint(["--config", str(exp)], tmp_path / "file")
+    saved = tomllib.loads((tmp_path / "flags" / "config.toml").read_text())
+    assert saved["update"]["kl_coef"] == 0.01 and saved["rollout"]["group_size"] == 2
+    rerun = _run_fingerprint(["--config", str(tmp_path / "flags" / "config.toml")], tmp_path / "rerun")
+    print(f"flags:  {flags}\nfile:   {from_file}\nrerun:  {rerun}")
+    assert flags["n"] == "2"
+    assert from_file == flags
+    assert rerun == flags
+    # the three runs' saved configs differ only in out_dir
+    cfgs = [train_config.read_train_config(tmp_path / d / "config.toml") for d in ("flags", "file", "rerun")]
+    assert len({json.dumps({**dataclasses.asdict(c), "out_dir": ""}, sort_keys=True) for c in cfgs}) == 1
