@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 from agents.hf import HFPolicy
 from agents.policy import GenerationRequest, SamplingParams
 from srpo_common import sha256_json
+
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
 
 PROMPTS = ["Problem: What is 12 + 7?\nSolution:", "hi", "The answer is " * 4]
 

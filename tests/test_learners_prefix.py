@@ -18,6 +18,9 @@ from learners.prefix import (
     shared_prefix_logprobs,
 )
 from tests._builders import update_check_config, update_inputs
+from tests._numeric import F32, F64, assert_close_scaled, scaled_atol
+
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +78,10 @@ def test_logprobs_and_gradients_match_the_per_row_path(model, temperature: float
     lp, mask, ent = shared_prefix_logprobs(model, prompts, responses, temperature, with_entropy=True)
     (lp * weights).sum().backward()
     assert mask.sum().item() == sum(len(r) for r in responses)
-    assert (lp.detach() - ref.detach()).abs().max().item() < 1e-5
+    # two computations of the same float32 numbers: per-tensor tolerances scaled to the max (tests/_numeric.py)
+    assert_close_scaled(lp.detach(), ref.detach(), F32)
     for n, p in model.named_parameters():
-        assert torch.allclose(p.grad, ref_grads[n], atol=1e-5, rtol=1e-4), n
+        assert_close_scaled(p.grad, ref_grads[n], F32, msg=n)
     assert ent is not None and bool((ent[mask] > 0).all()) and bool((ent[~mask] == 0).all())
 
 
@@ -105,7 +109,7 @@ def test_checkpointing_falls_back_to_the_per_row_forward(tiny_model_dir) -> None
     lp, _, _ = shared_prefix_logprobs(m, prompts, responses)
     with torch.no_grad():
         ref = _per_row(m, prompts, responses, 1.0)
-    assert (lp.detach() - ref).abs().max().item() < 1e-5
+    assert_close_scaled(lp.detach(), ref, F32)
 
 
 def test_bad_input_is_rejected(model) -> None:
@@ -149,9 +153,10 @@ def test_packed_logprobs_and_gradients_match_the_per_row_path(
     )
     (lp * weights).sum().backward()
     assert mask.sum().item() == sum(len(r) for r in responses)
-    assert (lp.detach() - ref.detach()).abs().max().item() < 1e-5
+    # two computations of the same float32 numbers: per-tensor tolerances scaled to the max (tests/_numeric.py)
+    assert_close_scaled(lp.detach(), ref.detach(), F32)
     for n, p in model.named_parameters():
-        assert torch.allclose(p.grad, ref_grads[n], atol=1e-5, rtol=1e-4), n
+        assert_close_scaled(p.grad, ref_grads[n], F32, msg=n)
     assert ent is not None and bool((ent[mask] > 0).all()) and bool((ent[~mask] == 0).all())
 
 
@@ -182,7 +187,7 @@ def test_packed_eager_attention_and_bad_input(tiny_model_dir) -> None:
     with torch.no_grad():
         lp, _, _ = packed_logprobs(m, prompts, responses, pack_len=64)
         ref = _per_row(m, prompts, responses, 1.0)
-    assert (lp - ref).abs().max().item() < 1e-5
+    assert_close_scaled(lp, ref, F32)
     with pytest.raises(ValueError, match="differ in length"):
         pack_rows([[1]], [])
     with pytest.raises(ValueError, match="at least one token"):
@@ -235,6 +240,5 @@ def test_trainer_prefix_tree_gives_the_per_row_gradient(
     (g_ref, ref), *others = results
     assert g_ref.abs().sum() > 0
     for g, out in others:
-        err = (g - g_ref).abs().max().item()
-        assert torch.allclose(g, g_ref, rtol=1e-7, atol=1e-10), (err, g_ref.abs().max().item())
-        assert out["loss"] == pytest.approx(ref["loss"], rel=1e-7, abs=1e-10)
+        assert_close_scaled(g, g_ref, F64)  # float64, another summation order: scaled to max|g_ref|
+        assert out["loss"] == pytest.approx(ref["loss"], abs=scaled_atol(ref["loss"], F64))

@@ -14,6 +14,9 @@ from learners.losses import LossConfig, get_policy_loss, grpo_loss, gspo_loss
 from learners.scale import ScaleOut
 from learners.trainer import TrainConfig, Trainer
 from tests._builders import g0_wins, update_check_config, update_inputs
+from tests._numeric import F64, assert_close_scaled, assert_differs_scaled
+
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
 
 
 def _ppo_term(rho: float, adv: float, eps: float = 0.2) -> float:
@@ -247,12 +250,13 @@ def test_token_weights_reach_the_loss_and_accumulate_over_micro_batches(
     _, g_ones = step(torch.ones(table.num_rows, width, dtype=torch.float64))
     big, g_w = step(weights)
     assert g_none.abs().sum() > 0
-    assert torch.allclose(g_ones, g_none, rtol=1e-12, atol=1e-15)  # w = 1: the no-TIS update
-    assert not torch.allclose(g_w, g_none, rtol=1e-3)  # the weights act
+    # float64 gradients of two computations: tolerances scaled to the tensor's max (tests/_numeric.py)
+    assert_close_scaled(g_ones, g_none, F64)  # w = 1: the no-TIS update
+    assert_differs_scaled(g_w, g_none, 1e-2)  # the weights act (0.5..2 per token: a change of O(max))
     budget = max(sum(len(r.prompt_ids) + len(r.response_ids) for r in mb.rows) // 5, 1)
     assert len(micro_batch_bounds(mb.rows, mb.event_index, budget)) >= 4
     small, g_small = step(weights, budget)  # Batch.take slices the weights with their rows
-    assert torch.allclose(g_small, g_w, rtol=1e-9, atol=1e-12)
+    assert_close_scaled(g_small, g_w, F64)
     assert small["loss"] == pytest.approx(big["loss"], rel=1e-9, abs=1e-12)
 
 
@@ -289,10 +293,11 @@ def test_update_with_token_tis_and_learner_behaviour_equals_no_tis(
     assert logs["tis"]["rollout/tis_capped_frac"] == 0.0
     assert "rollout/tis_weight_mean" not in logs["plain"]
     assert grads["plain"].abs().sum() > 0
-    assert torch.allclose(grads["tis"], grads["plain"], rtol=1e-5, atol=1e-12)
+    # weights 1 up to the float32 recompute noise (<= 1e-6 above): the gradients agree to 1e-5 of their max
+    assert_close_scaled(grads["tis"], grads["plain"], 1e-5)
     moved = logs["shifted"]  # weights exp(+-0.3) = 1.35 / 0.74, both under the cap 2
     assert moved["rollout/tis_capped_frac"] == 0.0 and moved["rollout/tis_weight_mean"] > 1.01
-    assert not torch.allclose(grads["shifted"], grads["plain"], rtol=1e-3)
+    assert_differs_scaled(grads["shifted"], grads["plain"], 1e-2)
 
 
 # --------------------------------------------------------------------------------------------------

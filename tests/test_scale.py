@@ -13,6 +13,8 @@ from agents.policy import PolicyMap, SamplingParams
 from agents.rollout import RolloutCollector
 from learners.scale import ScaleOut
 
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+
 
 def _trainer(policies: PolicyMap, **cfg) -> SimpleNamespace:
     """A stand-in trainer whose ``old_logprobs`` is the policy's own float32 recompute (the real
