@@ -19,12 +19,14 @@ are left to ``metrics.jsonl``.
 Nothing leaves the machine unless the user asks for it:
 
 * ``wandb`` runs in W&B's **offline** mode (files under ``OUT/wandb``, ``wandb sync`` uploads them
-  later) unless ``WANDB_MODE`` is set (``WANDB_MODE=online``); ``WANDB_PROJECT`` (default ``srpo``),
+  later) unless ``WANDB_MODE`` is set (``WANDB_MODE=online``); offline, W&B's error reporting is off
+  too (``WANDB_ERROR_REPORTING=false`` unless set). ``WANDB_PROJECT`` (default ``srpo``),
   ``WANDB_ENTITY`` and ``WANDB_DIR`` are W&B's own variables and are honoured;
 * ``mlflow`` writes to a SQLite store in the run directory (``sqlite:///OUT/mlflow.db``, read with
   ``mlflow ui --backend-store-uri sqlite:///OUT/mlflow.db`` or :class:`mlflow.tracking.MlflowClient`)
   unless ``MLFLOW_TRACKING_URI`` is set; ``MLFLOW_EXPERIMENT_NAME`` (default ``srpo``) names the
-  experiment. SQLite, not a ``file:`` store: MLflow 3 refuses its filesystem store (in maintenance
+  experiment; MLflow's usage telemetry is off (``MLFLOW_DISABLE_TELEMETRY=true`` unless set). SQLite,
+  not a ``file:`` store: MLflow 3 refuses its filesystem store (in maintenance
   mode) unless ``MLFLOW_ALLOW_FILE_STORE=true``; a user who wants one sets both variables.
 
 A resumed run (``--resume``) continues the same W&B run id and MLflow run (their ids are kept in
@@ -217,6 +219,8 @@ class WandbTracker:
         previous = run.state.get("wandb") if run.resume else None
         self._attached = bool(previous)
         self.mode = os.environ.get("WANDB_MODE") or "offline"
+        if self.mode in ("offline", "dryrun", "disabled"):  # W&B's own crash telemetry goes online too
+            os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT") or "srpo",
             name=run.name,
@@ -244,6 +248,10 @@ class MlflowTracker:
     do not share state); a SQLite store in the run directory unless ``MLFLOW_TRACKING_URI`` is set."""
 
     def __init__(self, run: RunInfo) -> None:
+        # MLflow 3 sends usage telemetry to its vendor (a DNS lookup and HTTPS posts, seen with strace);
+        # off unless the user set MLFLOW_DISABLE_TELEMETRY / DO_NOT_TRACK. Before the import: the
+        # client reads it when it starts.
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         try:
             from mlflow.exceptions import MlflowException
             from mlflow.tracking import MlflowClient

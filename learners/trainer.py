@@ -17,7 +17,7 @@ Per iteration:
    normaliser, plus optional k3 KL to a frozen reference and an entropy bonus, and back-propagated;
    then one gradient clip and one optimizer step per minibatch (so the gradient equals one big batch's
    while peak memory follows the micro-batch);
-4. diagnostics to ``metrics.jsonl`` (and TensorBoard), held-out evaluation every ``eval_every``
+4. diagnostics to ``metrics.jsonl`` (and each ``--logger`` backend, :mod:`learners.tracking`), held-out evaluation every ``eval_every``
    iterations, and a checkpoint (weights, optimizer, scheduler, RNG states, iteration) that
    ``resume`` continues from bit-identically on CPU.
 
