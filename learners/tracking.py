@@ -4,8 +4,9 @@
 backend per name behind a :class:`MultiTracker`, the way verl's ``Tracking`` takes a list of loggers.
 The trainer calls three methods and never branches on a backend:
 
-* ``log_hparams(config)`` once per run, with the resolved ``TrainConfig`` flattened to dotted keys
-  (:func:`flatten_config`: ``env_kwargs.difficulty``, the same path ``--set`` overrides name);
+* ``log_hparams(config)`` once per run, with the resolved ``TrainConfig`` in its sections
+  (:func:`learners.config.flat_to_sections`) flattened to dotted keys (:func:`flatten_config`:
+  ``update.lr``, ``run.env_kwargs.difficulty``: the paths ``--set`` and experiment files name);
 * ``log(metrics, step)`` once per ``metrics.jsonl`` row, ``step`` = the iteration;
 * ``close()`` when :meth:`learners.trainer.Trainer.train` ends, however it ends (a backend that knows
   run states marks the run failed when an exception is propagating).

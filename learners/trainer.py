@@ -238,10 +238,12 @@ class TrainConfig:
     activations per micro-batch) before the model loads, and refuse a run that does not fit with what would"""
     dp_engine: str = "allreduce"
     """data-parallel learner under torchrun/accelerate: allreduce (replicated weights) or fsdp2 (sharded)"""
-    dist_timeout: float = 1800.0
+    dist_timeout: float = 7200.0
     """torchrun/accelerate: seconds a collective may wait for the other ranks before the run fails
     (init_process_group's timeout); longer than rank 0's longest rollout or evaluation, which the others
-    wait for"""
+    wait for; with Ray rollout workers longer than rollout_timeout (checked), so that rank 0 can declare a
+    worker hung, restart it and collect its share again before the waiting ranks give up (default: twice
+    rollout_timeout's default)"""
     backend: str = "hf"
     """rollout generation: hf (the learner's model) or vllm (a colocated vLLM engine, weights pushed after
     every update, truncated importance sampling against the learner's recompute), or openai (a vLLM server at
@@ -279,8 +281,9 @@ class TrainConfig:
     hung (it is restarted, given its envs and the latest weights again, and its share collected again)"""
     tis: str = "auto"
     """truncated importance sampling rollout -> training policy: auto (vllm only, at the loss's ratio level:
-    token for grpo/ppo/mappo as in verl, sequence for gspo, event for srpo), off, token, sequence, event
-    (srpo: the event's ratio on the scale c(K) of its clipped ratio); each row's weight reaches its own tokens"""
+    token for grpo/ppo/mappo as in verl, sequence-mean for gspo, event for srpo), off, token, sequence,
+    sequence-mean (a row's per-token geometric mean: GSPO's length-normalised ratio scale), event (srpo: the
+    event's ratio on the scale c(K) of its clipped ratio); each row's weight reaches its own tokens"""
     tis_cap: float = 2.0
     """truncation C of the importance weights min(pi_train / pi_rollout, C) (verl's rollout_is_threshold)"""
     eval_every: int = 10
@@ -361,6 +364,15 @@ class TrainConfig:
         if not (self.dist_timeout > 0 and self.rollout_timeout > 0):
             raise ValueError(
                 f"dist_timeout and rollout_timeout must be > 0 seconds, got {self.dist_timeout}, {self.rollout_timeout}"
+            )
+        if self.rollout_workers > 0 and self.dist_timeout <= self.rollout_timeout:
+            # the other ranks wait in a collective while rank 0 waits for a hung Ray worker: they must
+            # outlast rollout_timeout, or they fail before rank 0 can restart the worker and recollect
+            raise ValueError(
+                f"dist_timeout ({self.dist_timeout:g} s) must be longer than rollout_timeout "
+                f"({self.rollout_timeout:g} s) with rollout workers: the other ranks wait in a collective while "
+                "rank 0 waits for a hung worker, restarts it and collects its share again (e.g. --dist-timeout "
+                f"{2 * self.rollout_timeout:g})"
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -1042,7 +1054,8 @@ class Trainer:
             resume=self.iteration > 0, echo=None if self._quiet else self.log, main=self.dist.is_main,
         )  # fmt: skip
         try:
-            self._tracker.log_hparams(flatten_config(asdict(self.cfg)))  # a resumed run's backends skip it
+            # `section.field` keys, the paths `--set` and experiment files use; a resumed run's backends skip it
+            self._tracker.log_hparams(flatten_config(config_sections.flat_to_sections(asdict(self.cfg))))
             return self._train_loop()
         finally:
             self._tracker.close()

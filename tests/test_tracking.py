@@ -237,6 +237,7 @@ def test_every_backend_reads_back_what_metrics_jsonl_holds(
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from typer.testing import CliRunner
 
+    from learners.config import flat_to_sections
     from learners.trainer import TrainConfig
     from srpo_cli.app import app
 
@@ -273,7 +274,8 @@ def test_every_backend_reads_back_what_metrics_jsonl_holds(
         eval_problems=4, eval_every=1, save_every=1, lr=5e-3, iterations=1,
         logger=("console", "jsonl", "tensorboard", "wandb", "mlflow"),
     )  # fmt: skip
-    config = flatten_config(dataclasses.asdict(first_cfg))
+    config = flatten_config(flat_to_sections(dataclasses.asdict(first_cfg)))  # `section.field` keys
+    assert config["update.lr"] == 5e-3 and config["run.logger"] == first_cfg.logger
 
     # --- W&B: offline, two local runs (the first attempt and the resume) under one run id
     runs = sorted(wandb_dir.glob("wandb/offline-run-*"))
