@@ -8,12 +8,22 @@ table and writes ``eval.json`` (summary + everything needed to reproduce), the p
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from benchmarks import presets
+from benchmarks.options import (
+    OPTION_NAMES,
+    AlgoCompareOptions,
+    CompareOptions,
+    PowerOptions,
+    dump_options,
+    resolved_train,
+)
+from benchmarks.options import layout as options_layout
 from benchmarks.presets import (  # noqa: F401  (re-exported: the presets' old home)
     BUNDLED_COLUMNS_MODEL,
     BUNDLED_MODEL,
@@ -27,7 +37,8 @@ from benchmarks.presets import (  # noqa: F401  (re-exported: the presets' old h
     TrainingEnv,
 )
 from learners.dynamic_sampling import FILTER_SIGNALS
-from srpo_common import parse_kv, weights_sha256
+from srpo_common import atomic_write_text, parse_kv, weights_sha256
+from srpo_common.cli import dataclass_command
 
 app = typer.Typer(help="Benchmarks: evaluate models on the benchmark suites.", no_args_is_help=True)
 
@@ -411,8 +422,10 @@ def _run_compare(
     env_kwargs: dict[str, Any] | None = None,
     keep_checkpoints: bool = False,
     continue_from: Path | None = None,
+    experiment: str | None = None,
 ) -> Any:
-    """One comparison; ``env_kwargs`` replace keys of the suite's training env (decision runs: more worlds)."""
+    """One comparison; ``env_kwargs`` replace keys of the suite's training env (decision runs: more worlds).
+    ``experiment``: the resolved options as an experiment file, written to ``OUT/experiment.toml`` first."""
     from benchmarks.compare import CompareConfig, check_continuation, reference_of, run_comparison
     from benchmarks.model_source import ModelNotAvailable, resolve_model
 
@@ -452,6 +465,8 @@ def _run_compare(
     # (compare_config.json is written only at the end)
     settings = ", ".join(f"{k}={v}" for k, v in sorted({**train, **(env_kwargs or {})}.items()))
     typer.echo(f"{suite}: train {settings} (presets: {Path(presets.__file__).resolve()})")
+    if experiment is not None:  # `srpo bench <command> --config OUT/experiment.toml` runs this again
+        typer.echo(f"wrote {atomic_write_text(Path(out) / 'experiment.toml', experiment)}")
     result = run_comparison(cfg, log=typer.echo)
     _print_comparison(result, title)
     for name, path in sorted(result.paths.items()):
@@ -459,56 +474,50 @@ def _run_compare(
     return result
 
 
-def _training_env_kwargs(suite: str, items: list[str] | None) -> dict[str, Any]:
+def _training_env_kwargs(suite: str, given: dict[str, Any] | None) -> dict[str, Any]:
     """The training env's kwargs a decision run replaces: the suite's decision worlds
-    (:data:`benchmarks.presets.DECISION_ENV_KWARGS`), then each ``--env-kwarg KEY=VALUE`` over them
-    (e.g. ``kb_seed=[3,...,66]``: more training worlds). Evaluation keeps the suite's held-out split."""
-    return {**presets.DECISION_ENV_KWARGS.get(suite, {}), **_parse_env_kwargs(items)}
+    (:data:`benchmarks.presets.DECISION_ENV_KWARGS`), then each ``--env-kwarg KEY=VALUE`` (or the
+    experiment file's ``[compare] env_kwargs``) over them (e.g. ``kb_seed=[3,...,66]``: more training
+    worlds). Evaluation keeps the suite's held-out split."""
+    return {**presets.DECISION_ENV_KWARGS.get(suite, {}), **(given or {})}
 
 
-def _train_overrides(
-    suite: str,
-    iterations: int | None,
-    tasks_per_iter: int | None,
-    group_size: int | None,
-    lr: float | None,
-    rows_per_batch: int | None,
-    *,
-    epochs: int | None = None,
-    minibatches_per_iter: int | None = None,
-    clip_eps: float | None = None,
-    filter_signal: str | None = None,
-) -> dict[str, Any]:
-    """The ``TrainConfig`` overrides every variant shares: the suite's ``bench quick`` settings
+def _preset_train(suite: str) -> dict[str, Any]:
+    """The ``TrainConfig`` overrides every variant starts from: the suite's ``bench quick`` settings
     (:data:`benchmarks.presets.QUICK_SETTINGS`, so ``bench compare --suite S`` reproduces the main job's
-    S) with its decision settings over them (:data:`benchmarks.presets.DECISION_TRAIN`:
-    quick-search), else the on-policy quick preset; each option given replaces its preset value. ``epochs > 1`` or
+    S) with its decision settings over them (:data:`benchmarks.presets.DECISION_TRAIN`: quick-search),
+    else the on-policy quick preset. An experiment file's ``[train]``, ``--set train.X=V`` and the shortcut
+    options go over them (:func:`benchmarks.options.resolved_train`). ``epochs > 1`` or
     ``minibatches_per_iter > 1`` make the updates off-policy (rho != 1 after the first step), which is
     where clipping and SRPO's set-level ratio act."""
     if suite in presets.QUICK_SETTINGS:
-        out: dict[str, Any] = {
-            **presets.QUICK_SETTINGS[suite]["train"],
-            **presets.DECISION_TRAIN.get(suite, {}),
-        }
-    else:
-        out = {**presets.QUICK_TRAIN, "iterations": presets.COMPARE_DEFAULTS["iterations"]}
-    if rows_per_batch is not None and minibatches_per_iter is None:
-        out.pop("minibatches_per_iter", None)  # an explicit minibatch size beats the preset's split
-    given = {
-        "iterations": iterations,
-        "tasks_per_iter": tasks_per_iter,
-        "group_size": group_size,
-        "lr": lr,
-        "rows_per_batch": rows_per_batch,
-        "epochs": epochs,
-        "minibatches_per_iter": minibatches_per_iter,
-        "clip_eps": clip_eps,
-        "filter_signal": filter_signal,
-    }
-    if filter_signal is not None and filter_signal not in FILTER_SIGNALS:
-        raise typer.BadParameter(f"--filter-signal must be one of {', '.join(FILTER_SIGNALS)}, got {filter_signal!r}")
-    out.update({k: v for k, v in given.items() if v is not None})
-    return out
+        return {**presets.QUICK_SETTINGS[suite]["train"], **presets.DECISION_TRAIN.get(suite, {})}
+    return {**presets.QUICK_TRAIN, "iterations": presets.COMPARE_DEFAULTS["iterations"]}
+
+
+def _comparison_train(opts: CompareOptions) -> dict[str, Any]:
+    """The training overrides of a comparison (presets < ``[train]`` < options), checked before any run:
+    a value ``TrainConfig`` refuses is a usage error now, not after the first run's minutes."""
+    from learners.trainer import TrainConfig
+
+    if opts.filter_signal is not None and opts.filter_signal not in FILTER_SIGNALS:
+        raise typer.BadParameter(
+            f"--filter-signal must be one of {', '.join(FILTER_SIGNALS)}, got {opts.filter_signal!r}"
+        )
+    train = resolved_train(opts, _preset_train(opts.suite))
+    train = _with_logger({k: v for k, v in train.items() if k != "logger"}, train.get("logger"))
+    try:
+        TrainConfig(model="-", **train)
+    except (TypeError, ValueError) as exc:
+        raise typer.BadParameter(f"[train]: {exc}", param_hint="--set train.*") from None
+    return train
+
+
+def _required_model(opts: CompareOptions) -> str:
+    if not opts.model:
+        raise typer.BadParameter("give --model (or model in the experiment file's [compare])", param_hint="--model")
+    return opts.model
+
 
 
 def _eval_settings(suite: str, k: int | None, limit: int | None) -> tuple[int, int]:
@@ -596,133 +605,92 @@ def _seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",") if s.strip()]
 
 
+def _experiment(opts: CompareOptions, seeds: list[int], train: dict[str, Any], k: int, limit: int) -> str:
+    """The resolved options of a comparison as an experiment file (seeds, eval and [train] spelled out)."""
+    resolved = dataclasses.replace(opts, seeds=",".join(map(str, seeds)), eval_k=k, eval_limit=limit)
+    return dump_options(resolved, train, header="srpo bench experiment file (benchmarks/options.py): --config THIS")
+
+
+def _compare_command(cls: type[CompareOptions], **kwargs: Any) -> Any:
+    """:func:`srpo_common.cli.dataclass_command` of a comparison's options (``--config``/``--set`` too)."""
+    return dataclass_command(
+        cls, names={**OPTION_NAMES, **kwargs.pop("names", {})}, exclude=("train", *kwargs.pop("exclude", ())),
+        layout=lambda: options_layout(cls), **kwargs,
+    )  # fmt: skip
+
+
+_SUITE_HELP = f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"
+
+
 @app.command("compare")
-def compare_cmd(
-    model: str = typer.Option(..., help="warm-started model directory or hub id (owner/name)"),
-    out: Path = typer.Option(Path("runs/compare"), help="output directory"),
-    algos: str = typer.Option("srpo,grpo,mappo", help="comma-separated algorithms"),
-    seeds: str | None = typer.Option(None, help=_SEEDS_HELP.format(COMPARE_DEFAULTS["seeds"])),
-    suite: str = typer.Option(
-        "quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"
-    ),
-    iterations: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
-    tasks_per_iter: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
-    group_size: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
-    eval_k: int | None = typer.Option(None, "--eval-k", "--k", min=1, help=_EVAL_K_HELP),
-    eval_limit: int | None = typer.Option(None, "--eval-limit", "--limit", min=1, help=_EVAL_LIMIT_HELP),
-    lr: float | None = typer.Option(None, min=0.0, help=_PRESET_HELP),
-    rows_per_batch: int | None = typer.Option(None, min=1, help=_ROWS_HELP),
-    epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
-    minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
-    clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
-    filter_signal: str | None = typer.Option(None, help=_FILTER_SIGNAL_HELP),
-    env_kwarg: list[str] | None = typer.Option(None, "--env-kwarg", help=_TRAIN_ENV_KWARG_HELP),
-    workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
-    ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
-    reference: str | None = typer.Option(None, help=_REFERENCE_HELP),
-    keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help=_KEEP_CHECKPOINTS_HELP),
-    continue_from: Path | None = typer.Option(None, "--continue-from", help=_CONTINUE_FROM_HELP),
-    logger: str | None = typer.Option(None, "--logger", help=_LOGGER_HELP),
-) -> None:
+@_compare_command(AlgoCompareOptions, helps={"suite": _SUITE_HELP})
+def compare_cmd(opts: AlgoCompareOptions) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy; decide each
     algorithm against the reference (decisions.md / decisions.csv)."""
     from benchmarks.presets import BASELINES as ALGORITHMS
 
-    names = [a.strip() for a in algos.split(",") if a.strip()]
+    model = _required_model(opts)
+    names = [a.strip() for a in opts.algos.split(",") if a.strip()]
     unknown = [a for a in names if a not in ALGORITHMS]
     if unknown:
         raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(ALGORITHMS)}")
-    train = _train_overrides(
-        suite,
-        iterations,
-        tasks_per_iter,
-        group_size,
-        lr,
-        rows_per_batch,
-        epochs=epochs,
-        minibatches_per_iter=minibatches_per_iter,
-        clip_eps=clip_eps,
-        filter_signal=filter_signal,
-    )
-    train = _with_logger(train, logger)
+    train = _comparison_train(opts)
+    seeds = _default_seeds(opts.suite, opts.seeds, COMPARE_DEFAULTS["seeds"])
+    k, limit = _eval_settings(opts.suite, opts.eval_k, opts.eval_limit)
     _run_compare(
         model,
-        out,
+        opts.out,
         {a: ALGORITHMS[a] for a in names},
-        _default_seeds(suite, seeds, COMPARE_DEFAULTS["seeds"]),
-        suite,
+        seeds,
+        opts.suite,
         train,
-        *_eval_settings(suite, eval_k, eval_limit),
-        f"{suite}: algorithms",
-        workers,
-        ray_address,
-        reference,
-        env_kwargs=_training_env_kwargs(suite, env_kwarg),
-        keep_checkpoints=keep_checkpoints,
-        continue_from=continue_from,
+        k,
+        limit,
+        f"{opts.suite}: algorithms",
+        opts.workers,
+        opts.ray_address,
+        opts.reference,
+        env_kwargs=_training_env_kwargs(opts.suite, opts.env_kwargs),
+        keep_checkpoints=opts.keep_checkpoints,
+        continue_from=opts.continue_from,
+        experiment=_experiment(opts, seeds, train, k, limit),
     )
 
 
 @app.command("ablation")
-def ablation_cmd(
-    model: str = typer.Option(..., help="warm-started model directory or hub id (owner/name)"),
-    out: Path = typer.Option(Path("runs/ablation"), help="output directory"),
-    seeds: str | None = typer.Option(None, help=_SEEDS_HELP.format(COMPARE_DEFAULTS["ablation_seeds"])),
-    suite: str = typer.Option(
-        "quick-math", help=f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"
-    ),
-    iterations: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
-    eval_k: int | None = typer.Option(None, "--eval-k", "--k", min=1, help=_EVAL_K_HELP),
-    eval_limit: int | None = typer.Option(None, "--eval-limit", "--limit", min=1, help=_EVAL_LIMIT_HELP),
-    lr: float | None = typer.Option(None, min=0.0, help=_PRESET_HELP),
-    tasks_per_iter: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
-    group_size: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
-    rows_per_batch: int | None = typer.Option(None, min=1, help=_ROWS_HELP),
-    epochs: int | None = typer.Option(None, min=1, help=_EPOCHS_HELP),
-    minibatches_per_iter: int | None = typer.Option(None, min=1, help=_MINIBATCHES_HELP),
-    clip_eps: float | None = typer.Option(None, min=0.0, help=_CLIP_HELP),
-    filter_signal: str | None = typer.Option(None, help=_FILTER_SIGNAL_HELP),
-    env_kwarg: list[str] | None = typer.Option(None, "--env-kwarg", help=_TRAIN_ENV_KWARG_HELP),
-    workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
-    ray_address: str | None = typer.Option(None, help=_RAY_ADDRESS_HELP),
-    reference: str | None = typer.Option(None, help="variant the others are compared with (default: sqrt)"),
-    keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help=_KEEP_CHECKPOINTS_HELP),
-    continue_from: Path | None = typer.Option(None, "--continue-from", help=_CONTINUE_FROM_HELP),
-    logger: str | None = typer.Option(None, "--logger", help=_LOGGER_HELP),
-) -> None:
+@_compare_command(
+    CompareOptions,
+    defaults={"out": Path("runs/ablation")},
+    helps={"suite": _SUITE_HELP, "reference": "variant the others are compared with (default: sqrt)"},
+)
+def ablation_cmd(opts: CompareOptions) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1, each decided against
     the reference (decisions.md / decisions.csv)."""
     from benchmarks.presets import ABLATIONS
 
-    train = _train_overrides(
-        suite,
-        iterations,
-        tasks_per_iter,
-        group_size,
-        lr,
-        rows_per_batch,
-        epochs=epochs,
-        minibatches_per_iter=minibatches_per_iter,
-        clip_eps=clip_eps,
-        filter_signal=filter_signal,
-    )
-    train = _with_logger(train, logger)
+    model = _required_model(opts)
+    train = _comparison_train(opts)
+    seeds = _default_seeds(opts.suite, opts.seeds, COMPARE_DEFAULTS["ablation_seeds"])
+    k, limit = _eval_settings(opts.suite, opts.eval_k, opts.eval_limit)
     _run_compare(
         model,
-        out,
+        opts.out,
         dict(ABLATIONS),
-        _default_seeds(suite, seeds, COMPARE_DEFAULTS["ablation_seeds"]),
-        suite,
+        seeds,
+        opts.suite,
         train,
-        *_eval_settings(suite, eval_k, eval_limit),
+        k,
+        limit,
         "SRPO normalisation ablation",
-        workers,
-        ray_address,
-        reference,
-        env_kwargs=_training_env_kwargs(suite, env_kwarg),
-        keep_checkpoints=keep_checkpoints,
-        continue_from=continue_from,
+        opts.workers,
+        opts.ray_address,
+        opts.reference,
+        env_kwargs=_training_env_kwargs(opts.suite, opts.env_kwargs),
+        keep_checkpoints=opts.keep_checkpoints,
+        continue_from=opts.continue_from,
+        experiment=_experiment(opts, seeds, train, k, limit),
     )
+
 
 
 @app.command("report")
@@ -770,27 +738,28 @@ def report_cmd(
 
 
 @app.command("power")
-def power_cmd(
-    suite: str = typer.Option("quick-columns-routed", help="suite the comparison will run on"),
-    model: str | None = typer.Option(None, help="warm start (default: the suite's bundled one)"),
-    out: Path = typer.Option(Path("runs/power"), help="where the pilot runs and power.md go"),
-    variants: str = typer.Option("srpo,grpo", help="the two algorithms of the pilot (A,B)"),
-    seeds: str = typer.Option("0,1,2", help="pilot training seeds"),
-    iterations: int | None = typer.Option(None, min=1, help=_PRESET_HELP),
-    eval_k: int | None = typer.Option(None, "--eval-k", "--k", min=1, help=_EVAL_K_HELP),
-    eval_limit: int | None = typer.Option(None, "--eval-limit", "--limit", min=1, help=_EVAL_LIMIT_HELP),
-    from_dir: Path | None = typer.Option(
-        None, "--from", help="use a finished comparison's evals (its OUT) instead of running a pilot"
-    ),
-    workers: int = typer.Option(0, min=0, help=_WORKERS_HELP),
-) -> None:
+@_compare_command(
+    PowerOptions,
+    names={"from_dir": "--from"},
+    # a pilot trains the suite's preset and its decision worlds: the options below are compare's
+    exclude=("reference", "keep_checkpoints", "continue_from"),
+    defaults={"suite": "quick-columns-routed", "out": Path("runs/power"), "seeds": "0,1,2"},
+    helps={
+        "suite": "suite the comparison will run on",
+        "model": "warm start (default: the suite's bundled one)",
+        "out": "where the pilot runs and power.md go",
+        "seeds": "pilot training seeds",
+    },
+)
+def power_cmd(opts: PowerOptions) -> None:
     """A short pilot (two algorithms x a few seeds), then the seeds x problems x k needed to detect
     1, 2 and 5 points and the minimum detectable difference (power.md)."""
     from benchmarks.evidence import suite_problems
     from benchmarks.power import power_report
     from srpo_common import atomic_write_text
 
-    names = [v.strip() for v in variants.split(",") if v.strip()]
+    suite, out, from_dir, eval_k, eval_limit = opts.suite, opts.out, opts.from_dir, opts.eval_k, opts.eval_limit
+    names = [v.strip() for v in opts.variants.split(",") if v.strip()]
     if len(names) != 2:
         raise typer.BadParameter(f"give two variants, got {names}", param_hint="--variants")
     if from_dir is None:
@@ -800,18 +769,23 @@ def power_cmd(
         if unknown:
             raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(BASELINES)}")
         env = _training_env(suite)
-        train = _train_overrides(suite, iterations, None, None, None, None)
+        train = _comparison_train(opts)
+        seeds = _seeds(opts.seeds or "0,1,2")
+        k, limit = _eval_settings(suite, eval_k, eval_limit)
         _run_compare(
-            model or env.bundled_model,
+            opts.model or env.bundled_model,
             out,
             {n: BASELINES[n] for n in names},
-            _seeds(seeds),
+            seeds,
             suite,
             train,
-            *_eval_settings(suite, eval_k, eval_limit),
+            k,
+            limit,
             f"{suite}: power pilot",
-            workers,
-            env_kwargs=presets.DECISION_ENV_KWARGS.get(suite),
+            opts.workers,
+            opts.ray_address,
+            env_kwargs=_training_env_kwargs(suite, opts.env_kwargs),
+            experiment=_experiment(opts, seeds, train, k, limit),
         )
         from_dir = out  # the pilot saved every eval under OUT/evals/<variant>/seed<S>/
     from benchmarks.paper import load_runs

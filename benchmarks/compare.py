@@ -42,6 +42,7 @@ from benchmarks.decide import (  # noqa: F401
     write_decisions,
 )
 from benchmarks.evaluate import EvalResult, evaluate
+from benchmarks.options import RUN_FIELDS
 from benchmarks.paper import paper_tables, run_from_result, write_paper
 from benchmarks.presets import ABLATIONS, ALGORITHMS  # noqa: F401  (ABLATIONS re-exported)
 from benchmarks.report import format_mean_std, mean_std, plot_learning_curves, to_markdown, write_csv
@@ -249,6 +250,33 @@ def check_continuation(cfg: CompareConfig) -> None:
                 continuation_of(cfg, name, seed)
 
 
+def variant_train_config(
+    cfg: CompareConfig, name: str, overrides: Mapping[str, Any], seed: int, source: Path | None = None
+) -> TrainConfig:
+    """The ``TrainConfig`` of variant ``name`` at ``seed``: the comparison's run fields, then its sampling
+    settings, ``eval_every=0``/``save_every=0``, ``cfg.train`` (any TrainConfig field) and the variant's
+    overrides, each over the one before."""
+    fixed = sorted(set(cfg.train) & set(RUN_FIELDS))
+    if fixed:
+        raise ValueError(f"train.{fixed[0]} is set by the comparison itself (its --model/--out/--suite/--seeds)")
+    settings = {
+        "temperature": cfg.temperature,
+        "max_new_tokens": cfg.max_new_tokens,
+        "eval_every": 0,
+        "save_every": 0,
+        **cfg.train,
+        **overrides,
+    }
+    return TrainConfig(
+        model=str(source / "final") if source is not None else cfg.model,
+        out_dir=str(Path(cfg.out_dir) / "runs" / f"{name}-s{seed}"),
+        env_id=cfg.env_id,
+        env_kwargs={"workflow": cfg.workflow, **cfg.env_kwargs},
+        seed=seed,
+        **settings,
+    )
+
+
 def train_and_evaluate(
     cfg: CompareConfig, name: str, overrides: Mapping[str, Any], seed: int, torch_threads: int = 0
 ) -> RunOutput:
@@ -264,16 +292,7 @@ def train_and_evaluate(
         torch.set_num_threads(torch_threads)
     t0 = time.perf_counter()
     start, source = continuation_of(cfg, name, seed) if cfg.continue_from else (0, None)
-    train_cfg = TrainConfig(
-        model=str(source / "final") if source is not None else cfg.model,
-        out_dir=str(Path(cfg.out_dir) / "runs" / f"{name}-s{seed}"),
-        env_id=cfg.env_id,
-        env_kwargs={"workflow": cfg.workflow, **cfg.env_kwargs},
-        seed=seed,
-        temperature=cfg.temperature,
-        max_new_tokens=cfg.max_new_tokens,
-        **{"eval_every": 0, "save_every": 0, **cfg.train, **overrides},
-    )
+    train_cfg = variant_train_config(cfg, name, overrides, seed, source)
     if cfg.keep_checkpoints:  # one checkpoint, after the last iteration
         train_cfg = replace(train_cfg, save_every=train_cfg.iterations)
     trainer = Trainer(train_cfg, log=None)
@@ -601,7 +620,12 @@ def _records(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) ->
         # (OUT/samples/<sha256>.jsonl) that `srpo leaderboard validate` regrades
         from_samples = record_evidence(results, Path(cfg.out_dir))
         info = results[0].run_info
-        config = {"compare": asdict(cfg), "variant": cfg.variants.get(name, {"algo": "none"})}
+        config: dict[str, Any] = {"compare": asdict(cfg), "variant": cfg.variants.get(name, {"algo": "none"})}
+        if name in cfg.variants:  # the variant's resolved training config, in the experiment-file sections
+            from learners.config import flat_to_sections
+
+            run = asdict(variant_train_config(cfg, name, cfg.variants[name], cfg.seeds[0]))
+            config["train"] = flat_to_sections({k: v for k, v in run.items() if k not in ("out_dir", "seed")})
         records.append(
             make_record(
                 suite=cfg.suite,

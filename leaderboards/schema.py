@@ -212,11 +212,18 @@ class Provenance(BaseModel):
     corpus: Text | None = None
     corpus_sha256: Sha256 | None = None
     date: IsoDate
+    #: the resolved config itself (plain JSON data; ``config_hash`` is its hash), so a record says how
+    #: to rerun it: a comparison's records carry each variant's training config in the experiment-file
+    #: sections (``srpo train --config``). Optional and left out of the hash when unset, so records
+    #: written before it keep their ids.
+    config: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _model_identified(self) -> Provenance:
         if self.model_id is None and self.weights_sha256 is None:
             raise ValueError("provenance needs model_id or weights_sha256 (at least one)")
+        if self.config is not None and hash_config(self.config) != self.config_hash:
+            raise ValueError("provenance.config does not hash to provenance.config_hash")
         if not self.dataset_sha256:
             raise ValueError("provenance.dataset_sha256 must list at least one dataset")
         return self
@@ -506,6 +513,8 @@ def _drop_unset(data: dict[str, Any]) -> dict[str, Any]:
             data.pop(key, None)
     if isinstance(data.get("evidence"), dict) and data["evidence"].get("protocol") is None:
         data["evidence"].pop("protocol", None)
+    if isinstance(data.get("provenance"), dict) and data["provenance"].get("config") is None:
+        data["provenance"].pop("config", None)
     return data
 
 
@@ -766,6 +775,8 @@ def make_record(
             "weights_sha256": weights_sha256,
             "algorithm": algorithm,
             "config_hash": config_hash if config_hash is not None else hash_config(config or {}),
+            # the config as plain JSON data (tuples as lists), beside its hash
+            "config": json.loads(canonical_json(dict(config))) if config is not None else None,
             "workflow": workflow,
             "dataset_sha256": ds_hashes,
             "retriever": retriever,

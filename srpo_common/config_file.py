@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import tomllib
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ class Layout:
     #: ``bench compare``'s ``[train]``, whose named fields are options and whose other keys are any
     #: ``TrainConfig`` field. The holding field counts as placed in that section.
     tables: Mapping[str, tuple[str, frozenset[str]]] = dataclasses.field(default_factory=dict)
+    #: ``--config NAME`` -> the file to read (e.g. a shipped experiment by name); default: NAME as a path
+    locate: Callable[[str | Path], Path] | None = None
 
     def __post_init__(self) -> None:
         names = [f.name for f in dataclasses.fields(self.cls)]
@@ -175,7 +178,7 @@ class Layout:
                     )
                 continue
             kept[name] = _toml_value(value, name)
-        text = tomli_w.dumps(self.nest(kept))
+        text = _inline_arrays(tomli_w.dumps(self.nest(kept)))
         lines = [f"# {line}".rstrip() for line in header.splitlines()] if header else []
         return "\n".join(lines) + ("\n\n" if lines else "") + text
 
@@ -185,7 +188,7 @@ class Layout:
 
     def read(self, path: str | Path) -> dict[str, Any]:
         """The flat fields of an experiment file (only those it sets)."""
-        path = Path(path)
+        path = self.locate(path) if self.locate is not None else Path(path)
         try:
             nested = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -222,6 +225,14 @@ class Layout:
             elif typing.get_origin(base) is tuple and isinstance(value, list):
                 out[name] = tuple(value)
         return out
+
+
+_ARRAY = re.compile(r"= \[\n((?:    [^\n\[\]{}]*,\n)*)\]")
+
+
+def _inline_arrays(text: str) -> str:
+    """tomli-w writes one array item per line; arrays of scalars read better on one line (same TOML)."""
+    return _ARRAY.sub(lambda m: "= [" + ", ".join(x.strip().rstrip(",") for x in m.group(1).splitlines()) + "]", text)
 
 
 def _strip_none(tp: Any) -> Any:

@@ -195,3 +195,100 @@ def test_file_run_equals_flags_run_and_config_toml_reproduces(tmp_path: Path) ->
     # the three runs' saved configs differ only in out_dir
     cfgs = [train_config.read_train_config(tmp_path / d / "config.toml") for d in ("flags", "file", "rerun")]
     assert len({json.dumps({**dataclasses.asdict(c), "out_dir": ""}, sort_keys=True) for c in cfgs}) == 1
+
+
+# ------------------------------------------------------------------------- bench compare / ablation / power
+SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "benchmarks" / "experiments").glob("*.toml"))
+
+
+@pytest.fixture
+def compare_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple, dict]]:
+    import benchmarks.cli as cli
+
+    calls: list[tuple[tuple, dict]] = []
+    monkeypatch.setattr(cli, "_run_compare", lambda *a, **kw: calls.append((a, kw)))
+    return calls
+
+
+def _bench(*args: str) -> None:
+    from benchmarks.cli import app as bench_app
+
+    result = CliRunner().invoke(bench_app, list(args), env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+
+
+def test_compare_train_table_takes_every_training_field(compare_calls: list, tmp_path: Path) -> None:
+    """``_train_overrides`` passed 9 hand-picked fields; ``[train]`` / ``--set train.X`` takes any, and the
+    shortcut options still beat the file."""
+    _bench("compare", "--model", "m", "--suite", "quick-columns", "--set", "train.kl_coef=0.05",
+           "--set", "train.temperature=0.7")  # fmt: skip
+    train = compare_calls[-1][0][5]
+    assert (train["kl_coef"], train["temperature"], train["group_size"]) == (0.05, 0.7, 8)
+    exp = tmp_path / "exp.toml"
+    exp.write_text('[compare]\nmodel = "m"\nsuite = "quick-columns"\n[train]\nkl_coef = 0.01\nlr = 1e-5\n')
+    _bench("ablation", "--config", str(exp), "--lr", "2e-5")
+    train = compare_calls[-1][0][5]
+    assert (train["kl_coef"], train["lr"]) == (0.01, 2e-5)
+
+
+def test_compare_typo_and_run_fields_are_usage_errors(compare_calls: list) -> None:
+    from benchmarks.cli import app as bench_app
+
+    res = CliRunner().invoke(bench_app, ["compare", "--model", "m", "--set", "train.kl_coeff=1"], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and "did you mean 'train.kl_coef'?" in res.output, res.output
+    res = CliRunner().invoke(bench_app, ["compare", "--model", "m", "--set", "train.norm=cube"], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and "norm must be one of" in res.output, res.output  # checked before any run
+    res = CliRunner().invoke(bench_app, ["compare", "--model", "m", "--config", "no-such-experiment"], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and "shipped experiments:" in res.output, res.output
+    assert not compare_calls
+
+
+def test_saved_experiment_reruns_the_same_comparison(compare_calls: list, tmp_path: Path) -> None:
+    _bench("compare", "--model", "m", "--suite", "quick-search", "--algos", "srpo,grpo", "--iterations", "3",
+           "--set", "train.kl_coef=0.02", "--env-kwarg", "max_turns=2")  # fmt: skip
+    first_args, first_kw = compare_calls[-1]
+    saved = tmp_path / "experiment.toml"
+    saved.write_text(first_kw["experiment"])  # what _run_compare writes to OUT/experiment.toml
+    _bench("compare", "--config", str(saved))
+    again_args, again_kw = compare_calls[-1]
+    assert again_args == first_args
+    assert {k: v for k, v in again_kw.items() if k != "experiment"} == {
+        k: v for k, v in first_kw.items() if k != "experiment"
+    }
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_experiments_equal_the_presets_they_mirror(name: str, compare_calls: list) -> None:
+    """``--config SUITE`` (a shipped file, found by name) runs what ``--suite SUITE`` runs from presets.py."""
+    assert len(SHIPPED) >= 5
+    for command in ("compare", "ablation"):
+        _bench(command, "--model", "m", "--suite", name)
+        _bench(command, "--model", "m", "--config", name)
+        (preset_args, preset_kw), (file_args, file_kw) = compare_calls[-2:]
+        assert file_args == preset_args, name
+        assert file_kw["env_kwargs"] == preset_kw["env_kwargs"], name
+
+
+def test_record_provenance_carries_the_config_and_old_records_keep_their_hash() -> None:
+    from leaderboards.schema import compute_record_hash, hash_config, make_record, validate_record
+
+    config = {"compare": {"suite": "quick-math"}, "train": train_config.flat_to_sections({"kl_coef": 0.01})}
+    common = {
+        "suite": "quick-math", "metrics": {"arith": {"avg@2": 0.5}}, "k": 2, "seeds": [0], "algorithm": "srpo",
+        "workflow": "proposers-aggregator", "model_id": "m", "dataset_sha256": {"arith": "ab" * 32},
+        "version": "0.1.0", "commit": "a" * 40, "date": "2026-01-01T00:00:00Z",
+    }  # fmt: skip
+    new = make_record(config=config, **common)
+    assert new.provenance.config == config and new.provenance.config_hash == hash_config(config)
+    assert validate_record(new.model_dump(mode="json")).record_hash == new.record_hash  # round trip
+    old = make_record(config_hash=hash_config(config), **common)  # how records were written before
+    content = old.model_dump(mode="json")
+    content["provenance"].pop("config")  # an old file has no such key
+    assert compute_record_hash(content) == old.record_hash
+    # the hash as computed before provenance.config existed: the canonical JSON without it
+    before = {k: v for k, v in content.items() if k not in ("record_hash", "signature") and v is not None}
+    assert sha256_json(before) == old.record_hash
+    bad = new.model_dump(mode="json")
+    bad["provenance"]["config"]["train"]["update"]["kl_coef"] = 0.5
+    with pytest.raises(Exception, match="does not hash to"):
+        validate_record(bad)
