@@ -630,7 +630,8 @@ def decide(
         delta=diff.delta,
         low=diff.low,
         high=diff.high,
-        p_improvement=probability_of_improvement(ma, mb),
+        # one seed pair gives 0, 0.5 or 1: no probability (NaN, shown as -), as for the MDE below
+        p_improvement=probability_of_improvement(ma, mb) if diff.n_seeds > 1 else float("nan"),
         iqm=q,
         iqm_low=lo,
         iqm_high=hi,
@@ -707,7 +708,7 @@ def format_decisions(decisions: pd.DataFrame) -> pd.DataFrame:
             "95% CI (pt)": [
                 f"[{pt(lo)}, {pt(hi)}]" for lo, hi in zip(decisions["low"], decisions["high"], strict=True)
             ],
-            "P(A>B)": decisions["p_improvement"].map(lambda x: f"{x:.2f}"),
+            "P(A>B)": decisions["p_improvement"].map(lambda x: "-" if not np.isfinite(x) else f"{x:.2f}"),
             "verdict": decisions["verdict"],
             "MDE (pt)": decisions["mde"].map(lambda x: "-" if not np.isfinite(x) else f"{100 * x:.1f}"),
             "seeds": decisions["n_seeds"].astype(int),

@@ -2,10 +2,14 @@
 
 One table per suite: rows are records, columns are the suite's datasets plus the macro average of
 one metric, sorted by macro (best first). Each cell shows ``± std over seeds`` when the record
-carries it, and ranks respect that uncertainty: a row's rank is 1 + the number of rows whose
-interval (value ± std) lies entirely above its own, so rows whose intervals overlap -- three
-identical scores, say -- share a rank. Records that do not cover the whole suite (``--limit``,
-``--dataset``) are *partial* and ranked apart, in their own table below the suite's.
+carries it, and ranks follow the evidence (:func:`evidence_ranks`): a row's rank is 1 + the number of
+rows shown to be better than it. Where the suite has a paired decision table (``srpo bench compare``'s
+decisions, the same paired intervals), a row is better than another only when their decision says so;
+two rows of that comparison without a decided difference share a rank. Elsewhere a row is better when
+its interval (value ± std over seeds) lies entirely above the other's, and never when either has one
+training seed (a single seed has no spread to show: one seed gives no strict ranks). Records that do
+not cover the whole suite (``--limit``, ``--dataset``) are *partial* and ranked apart, in their own
+table below the suite's.
 
 The HTML page needs no network -- CSS and a small vanilla JS sorter are inline and a
 Content-Security-Policy forbids any fetch -- so it can be opened from disk or served as a CI
@@ -32,6 +36,7 @@ from .store import slugify
 
 __all__ = [
     "choose_metric",
+    "evidence_ranks",
     "interval_ranks",
     "render_html",
     "render_markdown",
@@ -46,8 +51,14 @@ _MISSING = "—"
 Status = Mapping[str, Sequence[str]]
 #: Per suite, the decision rows of a comparison (``decisions.json`` of ``srpo bench compare``): each a
 #: mapping with variant, reference, n_seeds, delta, low, high, p_improvement, verdict, mde, margin
-#: (macro score units; None where undefined). Plain data: this package imports no benchmark code.
+#: (macro score units; None where undefined) and, when the comparison's records are on the page,
+#: variant_record / reference_record (their record hashes; else rows are matched by name). Plain data:
+#: this package imports no benchmark code.
 Decisions = Mapping[str, Sequence[Mapping[str, object]]]
+#: A decision's verdicts that order its two rows (variant vs reference); any other verdict leaves them tied.
+_ORDERING = {"better": 1, "worse": -1}
+#: The start model's name in decision rows (``benchmarks.decide.START``); its record is named ``start (...)``.
+_START_VARIANT = "start (SFT)"
 
 
 def choose_metric(records: Sequence[LeaderboardRecord]) -> str:
@@ -95,6 +106,77 @@ def interval_ranks(values: Sequence[tuple[float | None, float]]) -> list[int | N
     return ranks
 
 
+def _n_seeds(rec: LeaderboardRecord) -> int:
+    return len(rec.seeds)
+
+
+def _matches(rec: LeaderboardRecord, variant: object, record_hash: object) -> bool:
+    """Whether decision row side ``variant`` (with its record hash, when known) is this record: by hash,
+    else by the comparison's naming (``<variant> (<model>)``, the start model ``start (<model>)``)."""
+    if isinstance(record_hash, str) and record_hash:
+        return rec.record_hash == record_hash
+    if not isinstance(variant, str) or not variant:
+        return False
+    label = "start" if variant == _START_VARIANT else variant
+    return rec.name == label or rec.name.startswith(label + " (")
+
+
+def evidence_ranks(
+    rows: Sequence[LeaderboardRecord],
+    metric: str,
+    decisions: Sequence[Mapping[str, object]] = (),
+) -> list[int | None]:
+    """Ranks of ``rows`` (higher ``metric`` is better): 1 + the number of rows shown to be better.
+
+    Row A is shown better than row B when a paired decision between them says so (``better``/``worse``
+    verdicts: their paired interval excludes 0); when both are rows of the decision table but no decision
+    orders them (undecided, equivalent, or a pair the table does not compare), they share. Rows outside
+    the decision table fall back to :func:`interval_ranks`' rule (A's interval entirely above B's), but
+    only when both have two training seeds or more: one seed has no spread, so it never wins nor loses a
+    strict rank without a paired decision. A row without a value gets ``None``.
+    """
+    sides: list[tuple[list[int], list[int], int]] = []  # (variant rows, reference rows, +1/-1)
+    in_table: set[int] = set()
+    for d in decisions:
+        va = [i for i, r in enumerate(rows) if _matches(r, d.get("variant"), d.get("variant_record"))]
+        rb = [i for i, r in enumerate(rows) if _matches(r, d.get("reference"), d.get("reference_record"))]
+        in_table.update(va + rb)
+        order = _ORDERING.get(str(d.get("verdict")), 0)
+        if order and va and rb:
+            sides.append((va, rb, order))
+    values = [r.macro.get(metric) for r in rows]
+    stds = [_macro_std(r, metric) for r in rows]
+
+    def better(a: int, b: int) -> bool:
+        if values[a] is None or values[b] is None:
+            return False
+        paired = [o for va, rb, o in sides if a in va and b in rb]
+        paired += [-o for va, rb, o in sides if b in va and a in rb]
+        if paired or (a in in_table and b in in_table):
+            return any(o > 0 for o in paired) and not any(o < 0 for o in paired)
+        if min(_n_seeds(rows[a]), _n_seeds(rows[b])) < 2:
+            return False
+        return values[a] - stds[a] > values[b] + stds[b]  # type: ignore[operator]
+
+    return [
+        None if values[i] is None else 1 + sum(1 for j in range(len(rows)) if j != i and better(j, i))
+        for i in range(len(rows))
+    ]
+
+
+def one_seed_note(rows: Sequence[LeaderboardRecord]) -> str | None:
+    """The sentence a table with one-seed rows carries (None when every row has two seeds or more)."""
+    ones = sum(1 for r in rows if _n_seeds(r) < 2)
+    if not ones:
+        return None
+    who = "Every row has" if ones == len(rows) else f"{ones} of {len(rows)} rows have"
+    return (
+        f"{who} one training seed: a single seed cannot tell a real difference from training noise, so "
+        "these rows share their rank unless a paired decision separates them, and P(A>B) and MDE (which "
+        "need two seeds or more) show —."
+    )
+
+
 @dataclass(frozen=True)
 class SuiteTable:
     """A suite's table in display order; ``rows`` hold the full-suite records sorted by ``macro``
@@ -120,14 +202,18 @@ def _sort_key(metric: str):
     return key
 
 
-def _ranked(recs: list[LeaderboardRecord], metric: str) -> tuple[list[LeaderboardRecord], list[int | None]]:
+def _ranked(
+    recs: list[LeaderboardRecord], metric: str, decisions: Sequence[Mapping[str, object]] = ()
+) -> tuple[list[LeaderboardRecord], list[int | None]]:
     rows = sorted(recs, key=_sort_key(metric))
-    return rows, interval_ranks([(r.macro.get(metric), _macro_std(r, metric)) for r in rows])
+    return rows, evidence_ranks(rows, metric, decisions)
 
 
-def suite_tables(records: Iterable[LeaderboardRecord], metric: str | None = None) -> list[SuiteTable]:
+def suite_tables(
+    records: Iterable[LeaderboardRecord], metric: str | None = None, decisions: Decisions | None = None
+) -> list[SuiteTable]:
     """Group records by suite (sorted by suite name), order each group by macro, best first, and rank
-    full-suite and partial records separately."""
+    full-suite and partial records separately (:func:`evidence_ranks`, with the suite's ``decisions``)."""
     by_suite: dict[str, list[LeaderboardRecord]] = {}
     for rec in records:
         by_suite.setdefault(rec.suite, []).append(rec)
@@ -140,9 +226,10 @@ def suite_tables(records: Iterable[LeaderboardRecord], metric: str | None = None
         for r in recs:
             if not r.partial:
                 full.setdefault(_protocol(r), []).append(r)
-        rows, ranks = _ranked(full.pop(None, []), chosen)
+        dec = (decisions or {}).get(suite) or ()
+        rows, ranks = _ranked(full.pop(None, []), chosen, dec)
         partial, partial_ranks = _ranked([r for r in recs if r.partial], chosen)
-        protocols = [(p, *_ranked(full[p], chosen)) for p in sorted(full)]
+        protocols = [(p, *_ranked(full[p], chosen, dec)) for p in sorted(full)]
         tables.append(SuiteTable(suite, chosen, datasets, rows, ranks, partial, partial_ranks, protocols))
     return tables
 
@@ -242,8 +329,11 @@ def _pt(value: object, signed: bool = True) -> str:
 
 
 def _decision_cells(row: Mapping[str, object]) -> list[str]:
-    """variant, reference, Δ, CI, P(A>B), verdict, MDE, seeds of one decision row, as text."""
-    p = row.get("p_improvement")
+    """variant, reference, Δ, CI, P(A>B), verdict, MDE, seeds of one decision row, as text. P(A>B) and
+    MDE are — with fewer than two seeds: one seed pair gives P(A>B) 0, 0.5 or 1 and no seed variance."""
+    n = row.get("n_seeds")
+    one = isinstance(n, int | float) and n < 2
+    p = None if one else row.get("p_improvement")
     return [
         str(row.get("variant", "")),
         str(row.get("reference", "")),
@@ -251,7 +341,7 @@ def _decision_cells(row: Mapping[str, object]) -> list[str]:
         f"[{_pt(row.get('low'))}, {_pt(row.get('high'))}]",
         f"{p:.2f}" if isinstance(p, int | float) else _MISSING,
         str(row.get("verdict", "")),
-        _pt(row.get("mde"), signed=False),
+        _MISSING if one else _pt(row.get("mde"), signed=False),
         str(row.get("n_seeds", "")),
     ]
 
@@ -278,16 +368,20 @@ def render_markdown(
     """Markdown with one section and table per suite (columns: rank, name, algorithm, model,
     workflow, datasets..., macro, k, seeds, date, status, record hash); partial records follow in a
     table of their own."""
-    tables = suite_tables(records, metric)
+    tables = suite_tables(records, metric, decisions)
     lines = ["# Leaderboard", ""]
     if not tables:
         return "\n".join(lines + ["No records.", ""])
     for tab in tables:
         lines += [f"## {_md_text(tab.suite)}", ""]
         lines += [
-            f"Ranked by macro `{tab.metric}` over datasets (± std over seeds; overlapping rows share a rank).",
+            f"Ranked by macro `{tab.metric}` over datasets (± std over seeds); rows share a rank unless a "
+            "paired decision, or with two seeds or more non-overlapping intervals, separates them.",
             "",
         ]
+        note = one_seed_note([*tab.rows, *(r for _, rs, _ in tab.protocols for r in rs)])
+        if note:
+            lines += [note, ""]
         head = ["#", "Name", "Algorithm", "Model", "Workflow", *[_md_text(d) for d in tab.datasets]]
         head += [f"Macro {_md_text(tab.metric)}", "k", "Seeds", "Date", "Status", "Record"]
         rule = (
@@ -492,7 +586,7 @@ def _html_table(
             extra.append(f"samples {rec.evidence.samples_sha256} ({_coverage(rec)})")
         shared = sum(1 for r in ranks if r == rank) > 1
         rank_text = _MISSING if rank is None else str(rank)
-        tip = ' title="intervals overlap: shared rank"' if shared else ""
+        tip = ' title="no decided difference: shared rank"' if shared else ""
         weights = prov.weights_sha256
         model = f"{_e(_model(rec))}" + (f' <code class="weights">{_e(weights[:8])}</code>' if weights else "")
         tags = _status(rec, status)
@@ -564,7 +658,7 @@ def render_html(
     ``status`` maps record hashes to the tags of the Status column (default: ``unverified``);
     ``decisions`` adds each suite's decision table (:data:`Decisions`) under its records.
     """
-    tables = suite_tables(records, metric)
+    tables = suite_tables(records, metric, decisions)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -579,7 +673,8 @@ def render_html(
         f"<h1>{_e(title)}</h1>",
         '<p class="note">Click a column header to sort; link a sorted view with '
         "<code>#sort=&lt;suite&gt;:&lt;column&gt;:asc|desc</code>. Cells show ± the standard deviation "
-        "over seeds; rows whose intervals overlap share a rank.</p>",
+        "over seeds; rows share a rank unless a paired decision (or, with two seeds or more, "
+        "non-overlapping intervals) separates them.</p>",
     ]
     if not tables:
         parts.append("<p>No records.</p>")
@@ -594,6 +689,11 @@ def render_html(
             f"<h2>{_e(tab.suite)}</h2>",
             f'<p class="meta">Ranked by macro <code>{_e(tab.metric)}</code> over '
             f"{len(tab.datasets)} dataset(s); {len(tab.rows)} record(s).</p>",
+            *(
+                [f'<p class="meta one-seed">{_e(note)}</p>']
+                if (note := one_seed_note([*tab.rows, *(r for _, rs, _ in tab.protocols for r in rs)]))
+                else []
+            ),
             _html_table(tab, tab.rows, tab.ranks, "full", status)
             if tab.rows
             else "<p>No full-suite records.</p>",

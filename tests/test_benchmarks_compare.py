@@ -46,7 +46,13 @@ def test_comparison_writes_tables_curves_records(tiny_model_dir: Path, tmp_path:
     assert gain["delta"] == pytest.approx(float(srpo_k1["after"].mean() - srpo_k1["before"].mean()))
     for name in ("decisions.csv", "decisions.md", "decisions.json"):
         assert (tmp_path / name).stat().st_size > 0, name
-    assert json.loads((tmp_path / "decisions.json").read_text())["quick-math"][0]["variant"] == "grpo"
+    page_rows = json.loads((tmp_path / "decisions.json").read_text())["quick-math"]
+    assert page_rows[0]["variant"] == "grpo"
+    # issue 52: each row names its records, so the page ranks them by the paired decision
+    by_name = {rec["name"].rsplit(" (", 1)[0]: rec["record_hash"] for rec in records}
+    assert [(r["variant_record"], r["reference_record"]) for r in page_rows] == [
+        (by_name["grpo"], by_name["srpo-k1"]), (by_name["srpo-k1"], by_name["start"]), (by_name["grpo"], by_name["start"])
+    ]  # fmt: skip
     assert 'data-decisions="quick-math"' in (tmp_path / "leaderboard.html").read_text()
 
 

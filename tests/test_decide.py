@@ -438,3 +438,15 @@ def test_search_decision_runs_train_in_many_worlds_for_64_filtered_iterations(mo
         assert cfg.train["filter_groups"] is True and cfg.train["iterations"] == 64
     assert presets.TRAINING_ENVS["quick-search"].env_kwargs["kb_seed"] == presets.QUICK_SEARCH_TRAIN_KB_SEED
     assert "filter_groups" not in presets.QUICK_SETTINGS["quick-search"]["train"]
+
+
+def test_one_seed_pair_gives_no_probability_of_improvement_nor_mde() -> None:
+    """Issue 52: with one training seed P(A>B) came out 0.00 or 1.00 from a single seed pair; it is
+    undefined (NaN, printed "-") as the MDE is, and the verdict stays undecided."""
+    a, b = simulate(np.random.default_rng(3), seeds=1, delta=0.2)
+    d = D.decide(a, b, variant="a", reference="b", n_resamples=200)
+    assert d.n_seeds == 1 and np.isnan(d.p_improvement) and np.isnan(d.mde) and d.verdict == "undecided"
+    shown = D.format_decisions(pd.DataFrame([d.row()]))
+    assert shown.loc[0, "P(A>B)"] == "-" and shown.loc[0, "MDE (pt)"] == "-"
+    two = D.decide(*simulate(np.random.default_rng(3), seeds=2), variant="a", reference="b", n_resamples=200)
+    assert 0.0 <= two.p_improvement <= 1.0

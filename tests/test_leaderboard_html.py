@@ -398,8 +398,8 @@ def test_decision_table_per_suite_in_the_browser(chromium, tmp_path) -> None:
     assert [[c for c, _ in r] for r in rows] == [
         ["grpo", "srpo", "-1.2", "[-3.1, +0.7]", "0.41", "undecided", "2.7", "10"],
         [EVIL, "srpo", "+5.0", "[+2.1, +7.9]", "0.93", "better", "2.7", "10"],
-        ["k1", "srpo", "+0.0", "[—, —]", "0.50", "undecided", "—", "1"],
-    ]  # order as given (the comparison's), text verbatim, missing numbers as —
+        ["k1", "srpo", "+0.0", "[—, —]", "—", "undecided", "—", "1"],
+    ]  # order as given (the comparison's), text verbatim, missing numbers (and one seed's P(A>B)) as —
     assert rows[1][5][1] == "better"  # the verdict cell carries its class (colour)
     assert int(dom.root_attrs["data-page-width"]) <= 1280
     shot = tmp_path / "decisions.png"
@@ -421,3 +421,69 @@ def test_decision_table_in_markdown() -> None:
     assert "### Decisions" in math_part and r"| grpo | srpo | -1.2 | \[-3.1, +0.7\] | 0.41 | undecided | 2.7 | 10 |" in md
     assert "inside ±2 pt" in md
     assert "### Decisions" not in md.split("## qa")[1]
+
+
+# ----------------------------------------------------------------------------------- one seed (issue 52)
+
+
+def one_seed(name: str, value: float, algorithm: str) -> LeaderboardRecord:
+    """A quick-search-like record of one training seed, with evidence (so its ± 0 counts)."""
+    problems = {"gsm8k": 50, "math500": 50}
+    return make_record(
+        suite="quick-search", name=name, metrics={ds: {"avg@4": value} for ds in problems},
+        metrics_std={ds: {"avg@4": 0.0} for ds in problems}, macro_std={"avg@4": 0.0}, k=4, seeds=[0],
+        algorithm=algorithm, workflow="parallel", model_id="mini-search-worlds-sft", config={"lr": 1e-4},
+        dataset_sha256={"gsm8k": "1" * 64, "math500": "2" * 64},
+        evidence={"samples_sha256": "cd" * 32, "n_samples": 400, "samples_bytes": 1000, "problems": problems,
+                  "suite_problems": problems},
+        version="0.1.0", commit="unknown", date="2025-03-01T00:00:00Z",
+    )  # fmt: skip
+
+
+ONE_SEED = [
+    one_seed("mappo (mini-search-worlds-sft)", 0.332, "mappo"),
+    one_seed("srpo (mini-search-worlds-sft)", 0.328, "srpo"),
+    one_seed("grpo (mini-search-worlds-sft)", 0.305, "grpo"),
+]
+#: the main job's decisions.json as it was written before issue 52: one seed pair's P(A>B) of 0 and 1
+ONE_SEED_DECISIONS = {
+    "quick-search": [
+        {"variant": "grpo", "reference": "srpo", "n_seeds": 1, "delta": -0.023, "low": -0.23, "high": 0.19,
+         "p_improvement": 0.0, "verdict": "undecided", "mde": None, "margin": 0.02},
+        {"variant": "mappo", "reference": "srpo", "n_seeds": 1, "delta": 0.004, "low": -0.2, "high": 0.21,
+         "p_improvement": 1.0, "verdict": "undecided", "mde": None, "margin": 0.02},
+    ]
+}
+
+
+def test_one_seed_table_shares_ranks_in_the_browser(chromium, tmp_path) -> None:
+    """Issue 52: one training seed ranked 1, 2, 3 (± 0: no interval overlaps) while every decision was
+    undecided, and P(A>B) showed 0.00 / 1.00 from one seed pair. Now every row shares rank 1, P(A>B) and
+    MDE show —, and the table says in words that it has one seed. A screenshot is kept with
+    SRPO_ONE_SEED_SCREENSHOT=PATH."""
+    page = tmp_path / "one-seed.html"
+    page.write_text(render_html(ONE_SEED, decisions=ONE_SEED_DECISIONS).replace("</body>", MEASURE))
+    proc = subprocess.run(
+        [str(chromium), *FLAGS, "--window-size=1280,900", f"--user-data-dir={tmp_path / 'p'}", "--dump-dom",
+         page.as_uri()],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dom, dec = TableReader(), DecisionReader()
+    dom.feed(proc.stdout)
+    dec.feed(proc.stdout)
+    assert dom.root_attrs.get("data-js") == "ready"
+    table = dom.tables["quick-search"]
+    assert column(table, "name")[0].startswith("mappo") and column(table, "rank") == ["1", "1", "1"]
+    assert [[c for c, _ in r][4] for r in dec.tables["quick-search"]] == ["—", "—"]  # P(A>B)
+    assert [[c for c, _ in r][6] for r in dec.tables["quick-search"]] == ["—", "—"]  # MDE
+    assert "Every row has one training seed" in proc.stdout
+    shot = tmp_path / "one-seed.png"
+    proc = subprocess.run(
+        [str(chromium), *FLAGS, "--window-size=1280,1000", f"--user-data-dir={tmp_path / 'q'}",
+         f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and shot.stat().st_size > 10_000, proc.stderr[-3000:]
+    if os.environ.get("SRPO_ONE_SEED_SCREENSHOT"):
+        Path(os.environ["SRPO_ONE_SEED_SCREENSHOT"]).write_bytes(shot.read_bytes())

@@ -642,3 +642,40 @@ def test_identical_scores_share_a_rank_and_partial_records_rank_apart() -> None:
     assert [
         line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ") and "run" in line
     ] == ["1"] * 3
+
+
+def test_ranks_follow_the_paired_decisions_and_one_seed_never_ranks_strictly() -> None:
+    """Issue 52: quick-search with one training seed ranked MAPPO 1, SRPO 2, GRPO 3 (0.332 / 0.328 /
+    0.305, ± 0) while its decision table called every difference undecided."""
+    evidence = {"samples_sha256": H3, "n_samples": 2 * 4, "samples_bytes": 10,
+                "problems": {"gsm8k": 1, "math500": 1}, "suite_problems": {"gsm8k": 1, "math500": 1}}  # fmt: skip
+    one = [
+        record(name="mappo (m)", accs=(0.332, 0.332), seeds=[0], evidence=evidence),
+        record(name="srpo (m)", accs=(0.328, 0.328), seeds=[0], evidence=evidence),
+        record(name="grpo (m)", accs=(0.305, 0.305), seeds=[0], evidence=evidence),
+    ]
+    (tab,) = render.suite_tables(one)  # no decision table: one seed has no spread, no strict rank
+    assert tab.ranks == [1, 1, 1]
+    undecided = [{"variant": v, "reference": "srpo", "n_seeds": 1, "verdict": "undecided", "p_improvement": 1.0}
+                 for v in ("grpo", "mappo")]  # fmt: skip
+    (tab,) = render.suite_tables(one, decisions={"math": undecided})
+    assert tab.ranks == [1, 1, 1]
+    md = render.render_markdown(one, decisions={"math": undecided})
+    assert "Every row has one training seed" in md
+    assert [r[0] for r in _md_table(md, "math")[2:5]] == ["1", "1", "1"]
+    assert "| grpo | srpo | — | \\[—, —\\] | — | undecided | — | 1 |" in md  # P(A>B) and MDE: —
+    # ten seeds: a decided pair orders its rows, an undecided one ties them, one the table lacks ties too
+    ten = [record(name=r.name, accs=(r.macro["avg@4"],) * 2, seeds=list(range(10))) for r in one]
+    decided = [
+        {"variant": "grpo", "reference": "srpo", "n_seeds": 10, "verdict": "worse"},
+        {"variant": "mappo", "reference": "srpo", "n_seeds": 10, "verdict": "undecided"},
+    ]
+    (tab,) = render.suite_tables(ten, decisions={"math": decided})
+    assert [r.name for r in tab.rows] == ["mappo (m)", "srpo (m)", "grpo (m)"] and tab.ranks == [1, 1, 2]
+    # record hashes beat names (a submitted record may share a name)
+    by_hash = [{**d, "variant_record": ten[2].record_hash, "reference_record": ten[0].record_hash} for d in decided[:1]]
+    (tab,) = render.suite_tables(ten, decisions={"math": by_hash})
+    # mappo (the reference by hash) above grpo; srpo, outside the table, by ten seeds' intervals (± 0 here)
+    assert tab.ranks == [1, 2, 3]
+    (tab,) = render.suite_tables(ten, decisions={"math": [{**by_hash[0], "verdict": "undecided"}]})
+    assert tab.ranks == [1, 2, 2]  # the undecided pair ties; srpo still above grpo by the intervals
