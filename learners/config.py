@@ -229,13 +229,37 @@ def with_sections(cls: type) -> type:
 
 
 # ---------------------------------------------------------------------------------------------- files
+#: The shipped ``srpo train`` experiments (package data): the docs' recipes, each named after its ``--out``.
+EXPERIMENTS_DIR = Path(__file__).resolve().parent / "experiments"
+
+
+def experiment_path(name: str | Path) -> Path:
+    """``--config NAME``: a file, else a shipped experiment (``learners/experiments/NAME.toml``)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = EXPERIMENTS_DIR / f"{path.name.removesuffix('.toml')}.toml"
+    if len(path.parts) == 1 and shipped.is_file():
+        return shipped
+    names = ", ".join(sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.toml")))
+    raise ConfigFileError(f"no experiment file {name} (shipped experiments: {names})")
+
+
+def non_default(cfg: TrainConfig) -> dict[str, Any]:
+    """The fields of ``cfg`` that differ from ``TrainConfig``'s defaults (what a recipe file states)."""
+    from learners.trainer import TrainConfig
+
+    base = config_values(TrainConfig())
+    return {k: v for k, v in config_values(cfg).items() if v != base[k]}
+
+
 @functools.cache
 def train_layout() -> Layout:
     """The :class:`srpo_common.config_file.Layout` of ``TrainConfig`` (raises naming an unplaced field)."""
     from learners.trainer import TrainConfig
 
     try:
-        return Layout(TrainConfig, TRAIN_SECTIONS)
+        return Layout(TrainConfig, TRAIN_SECTIONS, locate=experiment_path)
     except ValueError as exc:
         raise ValueError(f"{exc} -- in learners/config.py TRAIN_SECTIONS") from None
 

@@ -328,7 +328,9 @@ def _layered(
         from_file = layout.read(path) if path is not None else {}
         from_sets = layout.parse_sets(sets)
     except ConfigFileError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--set" if str(exc).startswith("--set") else "--config") from None
+        text = str(exc)
+        hint = "--set" if text.startswith("--set: ") else "--config"
+        raise typer.BadParameter(text.removeprefix("--set: "), param_hint=hint) from None
     # by name: typer may carry its own copy of click, whose ParameterSource is another enum class
     given = ("COMMANDLINE", "ENVIRONMENT")
     values: dict[str, Any] = {}

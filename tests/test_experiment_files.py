@@ -292,3 +292,70 @@ def test_record_provenance_carries_the_config_and_old_records_keep_their_hash() 
     bad["provenance"]["config"]["train"]["update"]["kl_coef"] = 0.5
     with pytest.raises(Exception, match="does not hash to"):
         validate_record(bad)
+
+
+def _train_recipes() -> list:
+    from tests._recipes import extract
+
+    return [r for r in extract() if r.command == "train"]
+
+
+@pytest.mark.parametrize("recipe", _train_recipes(), ids=lambda r: r.source)
+def test_each_docs_train_recipe_ships_as_an_experiment_file(recipe, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Every ``srpo train`` recipe of the docs (tests/_recipes.py finds them) has a shipped file
+    ``learners/experiments/<its --out name>.toml`` that ``--config NAME`` finds and that trains the same
+    config as the documented flags."""
+    from tests._recipes import _option, _srpo_index
+
+    argv = list(recipe.argv[_srpo_index(recipe.argv) + 2 :])  # after `srpo train`
+    name = (_option(recipe.argv, "--out") or "").removeprefix("runs/")
+    shipped = train_config.EXPERIMENTS_DIR / f"{name}.toml"
+    assert shipped.is_file(), f"{recipe.source}: no shipped experiment {shipped} ({_REGENERATE})"
+    from_flags = _captured(monkeypatch, argv)
+    from_file = _captured(monkeypatch, ["--config", name])
+    assert dataclasses.asdict(from_file) == dataclasses.asdict(from_flags), f"{recipe.source}: {_REGENERATE}"
+
+
+def test_every_shipped_train_experiment_is_a_docs_recipe() -> None:
+    from tests._recipes import _option
+
+    documented = {(_option(r.argv, "--out") or "").removeprefix("runs/") for r in _train_recipes()}
+    shipped = {p.stem for p in train_config.EXPERIMENTS_DIR.glob("*.toml")}
+    assert shipped == documented, f"shipped {sorted(shipped - documented)} without a docs recipe ({_REGENERATE})"
+
+
+_REGENERATE = "a docs recipe changed: regenerate the files with `python -m tests.test_experiment_files`"
+
+
+def write_recipe_experiments() -> list[Path]:
+    """Write ``learners/experiments/<name>.toml`` for every docs ``srpo train`` recipe (``--out runs/<name>``):
+    the fields that differ from the defaults, in sections."""
+    from tests._recipes import _option, _srpo_index
+
+    seen: list[TrainConfig] = []
+    original = learners.cli.train
+    learners.cli.train = lambda cfg, resume=False, log=None: seen.append(cfg) or []
+    written = []
+    try:
+        for old in train_config.EXPERIMENTS_DIR.glob("*.toml"):
+            old.unlink()
+        for r in _train_recipes():
+            res = CliRunner().invoke(app, list(r.argv[_srpo_index(r.argv) + 1 :]))
+            assert res.exit_code == 0, res.output
+            name = (_option(r.argv, "--out") or "").removeprefix("runs/")
+            launcher = " ".join(r.argv[: _srpo_index(r.argv)])
+            header = (
+                f"The {r.source.rsplit(':', 1)[0]} recipe `{name}` as an experiment file (what differs from the "
+                f"defaults).\n{launcher + ' ' if launcher else ''}srpo train --config {name} [--set section.field=value]\n"
+                "tests/test_experiment_files.py checks it equals the documented command."
+            )
+            path = train_config.EXPERIMENTS_DIR / f"{name}.toml"
+            written.append(train_config.train_layout().write(path, train_config.non_default(seen[-1]), header))
+    finally:
+        learners.cli.train = original
+    return written
+
+
+if __name__ == "__main__":
+    for path in write_recipe_experiments():
+        print(f"wrote {path}")
