@@ -73,12 +73,19 @@ def train_command(
     plan_gpus: Annotated[
         int, typer.Option(help="--plan-only: GPUs (ranks) of the run, e.g. torchrun's --nproc_per_node")
     ] = 1,
+    plan_response_share: Annotated[
+        float | None,
+        typer.Option(
+            help="--plan-only: response tokens / all tokens of a micro-batch (only they get "
+            "logits; default: max-new-tokens / (192 + max-new-tokens), 0.84 at 1024; long math answers ~0.85)"
+        ),
+    ] = None,
 ) -> None:
     """Train a team of LLM agents on an env (SRPO, GRPO, Dr.GRPO, GSPO, Dr. MAS, AT-GRPO, RLOO, MAPPO)."""
     if workflow is not None:
         cfg = dataclasses.replace(cfg, env_kwargs={**cfg.env_kwargs, "workflow": workflow})
     if plan_only:
-        raise typer.Exit(_print_plan(cfg, plan_gpu_gb, plan_gpus))
+        raise typer.Exit(_print_plan(cfg, plan_gpu_gb, plan_gpus, plan_response_share))
     try:
         history = train(cfg, resume=resume, log=typer.echo)
     except (CheckpointError, ModelNotAvailable, MemoryPlanError, LogprobMismatchError) as exc:  # one message
@@ -92,7 +99,7 @@ def train_command(
         )
 
 
-def _print_plan(cfg: TrainConfig, gpu_gb: float | None, gpus: int) -> int:
+def _print_plan(cfg: TrainConfig, gpu_gb: float | None, gpus: int, response_share: float | None = None) -> int:
     """``--plan-only``: the plan of ``cfg`` on ``gpus`` GPUs of ``gpu_gb`` GiB; 0 when it fits, else 1."""
     import srpo_envs
     from learners.algorithms import get_algorithm
@@ -118,7 +125,11 @@ def _print_plan(cfg: TrainConfig, gpu_gb: float | None, gpus: int) -> int:
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    options = PlanOptions.from_train_config(cfg, roles, gpus, critic=get_algorithm(cfg.algo).critic)
+    if response_share is not None and not 0 < response_share <= 1:
+        raise typer.BadParameter(f"--plan-response-share must be in (0, 1], got {response_share}")
+    options = PlanOptions.from_train_config(
+        cfg, roles, gpus, critic=get_algorithm(cfg.algo).critic, response_share=response_share
+    )
     plan = plan_memory(shape, options, total)
     typer.echo(plan.table())
     return 0 if plan.fits else 1

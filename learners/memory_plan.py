@@ -21,18 +21,35 @@ float32 = 4 for float32 and bfloat16 runs, whose autocast keeps float32 master w
   keeps for in-process HF generation;
 * the vLLM engine (``backend=vllm``): ``gpu_memory_utilization`` of the card, which must hold its
   bf16 weights ``2 P`` and some KV cache;
-* activations of one micro-batch of ``T`` tokens (``max_tokens_per_microbatch``): per token and layer
-  about ``32 H + 10 I`` bytes under bf16 autocast with a float32 residual stream (``48 H + 20 I`` in
-  float32; ``H`` hidden size, ``I`` MLP width; the tensors a Llama/Qwen2 decoder layer saves for
-  backward), or with gradient checkpointing each layer's float32 input ``4 H`` plus one layer
-  recomputed; plus the logits of the micro-batch's response tokens (``response_share`` of ``T``)
-  over the vocabulary ``V``: bf16 logits, their float32 log-softmax and its gradient, ``10 V``
-  bytes per token;
 * a fixed allowance for the CUDA context, kernels' workspaces and allocator fragmentation.
 
-The activation coefficients are estimates of a decoder's saved tensors (within about 30% of measured
-peaks on the model sizes this project runs, see ``benchmarks/perf/bench_memory.py``); everything
-else is exact arithmetic. Pure functions: no torch, no model loading.
+Transient parts, one *phase* at a time (the learner needs the largest phase on top of the above;
+gradients stay allocated from the last backward until the next step's ``zero_grad``):
+
+* train (a micro-batch's forward and backward): activations of one micro-batch of ``T`` tokens
+  (``max_tokens_per_microbatch``): per token and layer about ``32 H + 10 I`` bytes under bf16 autocast
+  with a float32 residual stream (``48 H + 20 I`` in float32; ``H`` hidden size, ``I`` MLP width; the
+  tensors a Llama/Qwen2 decoder layer saves for backward), or with gradient checkpointing each layer's
+  float32 input ``4 H`` plus one layer recomputed; the logits of the response tokens (``response_share``
+  of ``T``: long math answers ~85%, :meth:`PlanOptions.from_train_config` estimates it from
+  ``max_new_tokens``) over the vocabulary ``V``: the logits, their float32 upcast, logsumexp's
+  exponentials, their gradient and the gather's, 16 bytes per ``V``; under bf16 autocast the bf16 copy
+  of every matmul's weight (autocast casts each float32 weight and the copy is saved for backward: all
+  of them, or with checkpointing one layer's and the head's);
+* step: AdamW's temporaries: the foreach (multi-tensor) implementation, torch's default on GPU, takes
+  ``sqrt(v)`` of every trained tensor at once (``P b``: 11.5 GiB for a 3B full fine-tuning); the
+  per-tensor loop (CPU's default) two temporaries of the largest tensor;
+* generate (``backend=hf``): the KV cache of the rows generated at once, ``2 L kv_heads head_dim``
+  values per token in the master dtype.
+
+Checked against measurement (``python -m benchmarks.perf.bench_memory_plan``: a 45M-parameter Qwen2
+on CPU, full and LoRA, checkpointing on and off, two micro-batch budgets, peaks counted from the
+allocator by ``torch.profiler``): weights, gradients, moments and the step's temporaries exactly, the
+train phase within 15%. GPU-only estimates, not checked on CPU: the CUDA context / fragmentation
+allowance, the vLLM share, FSDP2's gathered layers and sharded autocast copies, the foreach step on
+GPU (the same arithmetic is measured on CPU with ``--foreach``), the KV cache's allocator rounding,
+and attention kernels' workspaces (SDPA/flash on GPU save less than CPU's attention). Pure functions:
+no torch, no model loading.
 """
 
 from __future__ import annotations
@@ -57,6 +74,14 @@ __all__ = [
 ]
 
 GIB = 1024**3
+#: prompt tokens of a typical task (a math question with its chat template) where the plan must guess
+PROMPT_TOKENS = 192
+#: item-name prefixes of the transient phases: at most one of them is alive at a time (see the docstring)
+TRAIN_PHASE = ("activations", "logits", "autocast")
+STEP_PHASE = ("AdamW step",)
+GENERATE_PHASE = ("KV cache",)
+#: GPU-only items: not on a CPU run (``MemoryPlan.phase_peaks(cpu=True)``)
+GPU_ONLY = ("CUDA context", "vLLM")
 #: CUDA context, cuBLAS/attention workspaces and allocator fragmentation (a measured-order allowance)
 RUNTIME_OVERHEAD = int(2.0 * GIB)
 #: KV cache the vLLM engine needs at least beside its weights (a few thousand tokens of a 7B model)
@@ -116,6 +141,12 @@ class ModelShape:
         return attn + 3 * h * self.intermediate + 2 * h
 
     @property
+    def layer_linear_parameters(self) -> int:
+        """The weights of one layer's matmuls (q/k/v/o and the gated MLP; no biases or norms)."""
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        return 2 * h * h + 2 * h * kv + 3 * h * self.intermediate
+
+    @property
     def parameters(self) -> int:
         embed = self.vocab * self.hidden
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
@@ -173,16 +204,30 @@ class PlanOptions:
     vllm_gpu_memory_utilization: float = 0.3
     gradient_checkpointing: bool = False
     microbatch_tokens: int = 4096
-    response_share: float = 0.5
+    #: response tokens / all tokens of a micro-batch (only response tokens get logits): long math answers
+    #: are ~85% (:meth:`from_train_config` estimates it from ``max_new_tokens``)
+    response_share: float = 0.85
     kl_reference: bool = False
     critic: bool = False
+    #: AdamW's multi-tensor (foreach) step, torch's default on GPU: temporaries of every trained parameter
+    #: at once; False: the per-tensor loop (CPU's default), one parameter's temporaries at a time
+    foreach: bool = True
+    #: backend=hf: rows the learner's model generates at once (``HFPolicy.max_batch_size``) and tokens each
+    #: holds in its KV cache (prompt + ``max_new_tokens``); 0 tokens: no generation term
+    generation_rows: int = 64
+    generation_tokens: int = 0
 
     @classmethod
-    def from_train_config(cls, cfg: Any, roles: int, gpus: int = 1, critic: bool = False) -> PlanOptions:
+    def from_train_config(
+        cls, cfg: Any, roles: int, gpus: int = 1, critic: bool = False, response_share: float | None = None
+    ) -> PlanOptions:
         """From a :class:`learners.trainer.TrainConfig`; a micro-batch without a token budget is the
         whole minibatch, estimated as ``rows_per_batch`` rows of 512 prompt tokens plus
-        ``max_new_tokens``."""
+        ``max_new_tokens``; ``response_share`` None: ``max_new_tokens / (PROMPT_TOKENS + max_new_tokens)``
+        (1024 new tokens: 0.84)."""
         tokens = cfg.max_tokens_per_microbatch or cfg.rows_per_batch * (512 + cfg.max_new_tokens)
+        if response_share is None:  # a math prompt with its chat template: ~PROMPT_TOKENS tokens
+            response_share = cfg.max_new_tokens / (PROMPT_TOKENS + cfg.max_new_tokens)
         return cls(
             sharing=cfg.sharing,
             roles=roles,
@@ -196,6 +241,8 @@ class PlanOptions:
             microbatch_tokens=int(tokens),
             kl_reference=cfg.kl_coef > 0,
             critic=critic,
+            response_share=min(1.0, max(response_share, 1e-3)),
+            generation_tokens=PROMPT_TOKENS + cfg.max_new_tokens if cfg.backend == "hf" else 0,
         )
 
 
@@ -214,13 +261,30 @@ class MemoryPlan:
     vllm_problem: str | None = None
     suggestions: tuple[str, ...] = field(default=())
 
-    @property
-    def learner_bytes(self) -> int:
-        return sum(b for name, b in self.items if not name.startswith("vLLM"))
+    def _phase(self, prefixes: tuple[str, ...]) -> int:
+        return sum(b for name, b in self.items if name.startswith(prefixes))
 
     @property
     def static_bytes(self) -> int:
-        return sum(b for name, b in self.items if not name.startswith(("vLLM", "activations", "logits")))
+        """What the learner holds throughout: weights, adapters, gradients, moments, copies, overhead."""
+        transient = (*TRAIN_PHASE, *STEP_PHASE, *GENERATE_PHASE, "vLLM")
+        return sum(b for name, b in self.items if not name.startswith(transient))
+
+    def phase_peaks(self, cpu: bool = False) -> dict[str, int]:
+        """The learner's bytes in each phase: ``train`` (a micro-batch's forward and backward), ``step``
+        (the optimizer step) and ``generate`` (HF rollouts); ``cpu``: without the GPU-only items."""
+        base = self.static_bytes - (self._phase(("CUDA context",)) if cpu else 0)
+        return {
+            "train": base + self._phase(TRAIN_PHASE),
+            "step": base + self._phase(STEP_PHASE),
+            "generate": base + self._phase(GENERATE_PHASE),
+        }
+
+    @property
+    def learner_bytes(self) -> int:
+        """The largest phase: gradients stay allocated from one backward to the next step's zero_grad,
+        activations are gone at the step, and AdamW's temporaries at the next rollout."""
+        return max(self.phase_peaks().values())
 
     @property
     def fits(self) -> bool:
@@ -229,7 +293,8 @@ class MemoryPlan:
     @property
     def max_microbatch_tokens(self) -> int:
         """The largest ``--max-tokens-per-microbatch`` whose activations fit beside the static part."""
-        return max(0, (self.learner_budget - self.static_bytes) // max(self.per_token, 1))
+        fixed = self.static_bytes + self._phase(("autocast",))
+        return max(0, (self.learner_budget - fixed) // max(self.per_token, 1))
 
     def table(self) -> str:
         """The plan as text: one line per part, the total against the budget, the verdict."""
@@ -241,7 +306,13 @@ class MemoryPlan:
             f"{' FSDP2' if o.fsdp else ''}, backend={o.backend}, card {self.gpu_bytes / GIB:.1f} GiB"
         )
         lines = [head] + [f"  {name:<58s}{gib(b)}" for name, b in self.items]
-        lines.append(f"  {'learner total':<58s}{gib(self.learner_bytes)}  of {gib(self.learner_budget).strip()}")
+        peaks = self.phase_peaks()
+        lines.append(
+            f"  {'learner total (largest phase)':<58s}{gib(self.learner_bytes)}  of {gib(self.learner_budget).strip()}"
+            f"  (train {peaks['train'] / GIB:.1f}, step {peaks['step'] / GIB:.1f}"
+            + (f", generate {peaks['generate'] / GIB:.1f}" if self._phase(GENERATE_PHASE) else "")
+            + " GiB)"
+        )
         lines.append(
             f"  largest micro-batch that fits: {self.max_microbatch_tokens} tokens "
             f"({self.per_token / 2**20:.2f} MiB per token)"
@@ -287,13 +358,31 @@ def _parts(shape: ModelShape, o: PlanOptions, gpu_bytes: int) -> tuple[list[tupl
     h, i, layers = shape.hidden, shape.intermediate, shape.layers
     per_layer = (32 * h + 10 * i) if act == 2 else (12 * h * act + 5 * i * act)
     per_token_act = layers * residual * h + per_layer if o.gradient_checkpointing else layers * per_layer
-    per_token_logits = int(o.response_share * (act + 4 + 4) * shape.vocab)
+    # logits, their float32 upcast, logsumexp's exp, its gradient and the gather's: 16 bytes per V (measured,
+    # bf16 and float32 alike; float64: 32)
+    per_token_logits = int(o.response_share * (32 if b == 8 else 16) * shape.vocab)
     per_token = per_token_act + per_token_logits
     items.append(
         (f"activations: {o.microbatch_tokens} tokens/micro-batch{' (checkpointed)' if o.gradient_checkpointing else ''}",
          o.microbatch_tokens * per_token_act)
     )  # fmt: skip
     items.append((f"logits: {o.response_share:.0%} response tokens x V", o.microbatch_tokens * per_token_logits))
+    if o.dtype == "bfloat16":  # each matmul's bf16 cast of its float32 weight, held until backward
+        layer_lin, head = shape.layer_linear_parameters, shape.vocab * h
+        held = layers * layer_lin + head
+        if o.gradient_checkpointing:  # the layers' copies go with the forward; the head's stays for backward
+            held = layer_lin + head
+        label = "one layer + head" if o.gradient_checkpointing else "all matmuls"
+        if o.fsdp:  # casts of gathered layers: this rank's shard of them, plus the two layers gathered
+            held, label = held // shard + 2 * layer_lin, label + ", FSDP2 shard"
+        items.append((f"autocast: bf16 weight copies ({label})", 2 * models * held))
+    largest = max(shape.vocab * h, i * h) if o.sharing != "lora" else max(i, h) * o.lora_rank
+    # foreach: sqrt(v) of every trained tensor at once; per-tensor: sqrt(v) and its quotient of the largest
+    step_tmp = trained * b // shard if o.foreach else 2 * largest * b
+    items.append((f"AdamW step: {'foreach' if o.foreach else 'per-tensor'} temporaries", step_tmp))
+    if o.backend == "hf" and o.generation_tokens > 0:
+        kv = o.generation_rows * o.generation_tokens * layers * 2 * shape.kv_heads * shape.head_dim * b
+        items.append((f"KV cache: HF generation, {o.generation_rows} rows x {o.generation_tokens} tokens", models * kv))
     items.append(("CUDA context, workspaces, fragmentation", RUNTIME_OVERHEAD))
     budget, problem = gpu_bytes, None
     if o.backend == "vllm":
