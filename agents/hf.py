@@ -338,6 +338,43 @@ def adapter_scope(model: Any, adapter_name: str | None) -> Iterator[None]:
         switch(previous)
 
 
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Non-reentrant gradient checkpointing of ``model``'s decoder layers whose recompute, during
+    ``backward``, runs under the LoRA adapter that was active when the layer ran forward.
+
+    Why: a learner with one adapter per role forwards each role inside :func:`adapter_scope` and calls
+    ``backward`` once after leaving every scope (SRPO's event loss couples members of different roles,
+    so the backward cannot be split per role). Checkpointing recomputes each layer during that backward
+    with whatever adapter is active *then*, so every role but the active one got gradients of the wrong
+    adapter's activations (silently: the shapes match; huggingface/peft#2832). The fix is at the
+    checkpoint itself: torch's non-reentrant checkpoint calls ``context_fn`` when the layer runs forward
+    and enters the second context it returns around the recompute; ours captures the active adapter
+    there and re-enters it (through :func:`adapter_scope`, which also keeps the learner's
+    ``requires_grad`` flags, so the recompute builds the graph of the same trainable parameters).
+    Chosen over a backward per role (impossible for a coupled loss) and over peft's per-sample
+    ``adapter_names`` (documented by peft for mixed-batch inference; it would change how every chunk is
+    forwarded, not only the recompute). The recompute's switch costs a
+    ``set_adapter`` per recomputed layer of a non-active role, small beside the layer's recompute.
+    A plain model gets plain non-reentrant checkpointing.
+    """
+    import functools
+
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if _is_peft(model):
+        kwargs["context_fn"] = functools.partial(_adapter_recompute_contexts, model)
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers >= 5 (gradient_checkpointing_enable is its deprecated alias)
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:  # pragma: no cover - older transformers
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _adapter_recompute_contexts(model: Any) -> tuple[Any, Any]:
+    """``context_fn`` of :func:`enable_gradient_checkpointing`: nothing around the forward, the
+    forward's active adapter around the recompute."""
+    return contextlib.nullcontext(), adapter_scope(model, model.active_adapter)
+
+
 def response_logprobs(
     model: Any,
     prompt_ids_list: Sequence[Sequence[int]],
@@ -474,6 +511,10 @@ class HFPolicy:
         self._keep_kwarg = "logits_to_keep" in _forward_params(model)
         #: Prefill each distinct prompt of a batch once (:meth:`_prefill`); False forwards every row.
         self.share_prefix = True
+        #: Generate under ``torch.autocast`` to this dtype (None: in the weights' dtype). A learner keeps
+        #: float32 master weights and trains under bf16 autocast; without this its rollouts on a GPU
+        #: would run every decoding step in float32 (about twice the time and KV-cache memory).
+        self.autocast_dtype: torch.dtype | None = None
 
     # -- properties / views ------------------------------------------------------------------------
 
@@ -491,7 +532,14 @@ class HFPolicy:
             policy_version=policy_version,
         )
         other.share_prefix = self.share_prefix
+        other.autocast_dtype = self.autocast_dtype
         return other
+
+    def _autocast(self) -> Any:
+        """``torch.autocast`` to :attr:`autocast_dtype` on this policy's device (no-op when None)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def bump_version(self) -> int:
         """Called by the learner after a weight update; returns the new version."""
@@ -534,7 +582,12 @@ class HFPolicy:
         prompts = [self.encode_prompt(r) for r in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(prompts[i]))
         out: list[Generation | None] = [None] * len(requests)
-        with torch.inference_mode(), eval_mode(self.model), adapter_scope(self.model, self.adapter_name):
+        with (
+            torch.inference_mode(),
+            eval_mode(self.model),
+            adapter_scope(self.model, self.adapter_name),
+            self._autocast(),
+        ):
             for s in range(0, len(order), self.max_batch_size):
                 idx = order[s : s + self.max_batch_size]
                 gens = self._generate_batch([requests[i] for i in idx], [prompts[i] for i in idx])
@@ -830,6 +883,7 @@ __all__ = [
     "BASE_ADAPTER",
     "HFPolicy",
     "adapter_scope",
+    "enable_gradient_checkpointing",
     "default_lora_config",
     "dtype_kwarg",
     "load_causal_lm",

@@ -68,7 +68,7 @@ BACKENDS = ("hf", "vllm", "openai")
 #: ``auto``: only when rollouts come from another engine (vLLM), at the level of the loss's own ratio
 #: (:attr:`learners.losses.PolicyLoss.ratio_level`: token for GRPO/PPO as verl's default, sequence for
 #: GSPO, event for SRPO); ``off``: never; ``token`` / ``sequence`` / ``event``: that level.
-TIS_MODES = ("auto", "off", "token", "sequence", "event")
+TIS_MODES = ("auto", "off", "token", "sequence", "sequence-mean", "event")
 
 
 def token_shares(sizes: Sequence[int], parts: int) -> list[tuple[int, int]]:
@@ -276,7 +276,9 @@ class ScaleOut:
         if self.pool is not None:
             from agents.ray_rollout import model_states
 
-            self.pool.load_weights(model_states(trainer.policies), versions)
+            # vLLM workers of a bf16 run hold bf16 weights: ship them as such (half the bytes)
+            engine_dtype = torch.bfloat16 if self.cfg.backend == "vllm" and self.cfg.dtype == "bfloat16" else None
+            self.pool.load_weights(model_states(trainer.policies, dtype=engine_dtype), versions)
         if self.rollout_policies is not None and self.cfg.backend == "openai":
             self.served.sync(self.rollout_policies, trainer.policies, force=self._synced is None)
         elif self.rollout_policies is not None:
@@ -303,12 +305,18 @@ class ScaleOut:
         return self.cfg.backend != "hf" or self.cfg.dtype == "bfloat16"
 
     def prepare(
-        self, batch: RolloutBatch, ratio_level: str = "token", norm: str = "sum"
+        self,
+        batch: RolloutBatch,
+        ratio_level: str = "token",
+        norm: str = "sum",
+        pi_old: Callable[[list[Any]], list[list[float]]] | None = None,
     ) -> tuple[RolloutBatch, torch.Tensor | None, dict]:
         """Refuse stale events; recompute ``pi_old`` (:meth:`recomputes_pi_old`) and the TIS weights.
 
         ``ratio_level``: the loss's (``--tis auto`` uses it); ``norm``: the ``c(K)`` of the event-level
-        weight (SRPO's set normalisation, :func:`learners.offpolicy.tis_row_weights`).
+        weight (SRPO's set normalisation, :func:`learners.offpolicy.tis_row_weights`). ``pi_old``: how
+        to recompute the rows' log-probs (the trainer's, in its training composition; collective under
+        torch.distributed); by default :meth:`old_logprobs` in batch order.
 
         Returns ``(batch, weights or None, stats)``; ``weights`` is ``[R, T]`` in row order (``T`` the
         batch's longest response, 0 on padding and env text): per token, or a row's / event's weight
@@ -332,7 +340,7 @@ class ScaleOut:
             return batch, None, stats
         # pi_old: the learner's log-probs of the rollout tokens under the weights that generated them,
         # from the training forward itself (autocast, temperature, chunking)
-        recomputed = self.old_logprobs(rows)
+        recomputed = (pi_old or self.old_logprobs)(rows)
         width = max(len(r.response_ids) for r in rows)
         train = torch.zeros(len(rows), width, dtype=torch.float64)
         rollout = torch.zeros_like(train)

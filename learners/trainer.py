@@ -450,6 +450,14 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def generation_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype the learner's own rollouts (``backend=hf``) generate under: bf16 for a
+    ``dtype=bfloat16`` run on a GPU (the weights stay float32 masters; decoding in float32 would take
+    about twice the time and KV-cache memory), else None. On CPU the rollouts stay float32: bf16 CPU
+    kernels are no faster there, and float32 keeps the CPU runs' rollouts as they were."""
+    return torch.bfloat16 if dtype == "bfloat16" and device.type == "cuda" else None
+
+
 @contextmanager
 def _train_mode(model: torch.nn.Module, on: bool) -> Iterator[None]:
     """``model.train()`` for the duration when ``on`` (transformers applies gradient checkpointing
@@ -569,12 +577,15 @@ class Trainer:
             return pol
 
         if cfg.sharing == "shared":
-            return PolicyMap.shared(load(), self.roles)
-        if cfg.sharing == "per-role":
-            return PolicyMap.per_role({role: load() for role in self.roles})
-        policies = lora_policy_map(load(), self.roles, lora_config=default_lora_config(r=cfg.lora_rank))
-        if cfg.gradient_checkpointing:  # again on the PeftModel: the recompute re-enters each role's adapter
-            enable_gradient_checkpointing(policies.policies[0].model)
+            policies = PolicyMap.shared(load(), self.roles)
+        elif cfg.sharing == "per-role":
+            policies = PolicyMap.per_role({role: load() for role in self.roles})
+        else:
+            policies = lora_policy_map(load(), self.roles, lora_config=default_lora_config(r=cfg.lora_rank))
+            if cfg.gradient_checkpointing:  # again on the PeftModel: the recompute re-enters each role's adapter
+                enable_gradient_checkpointing(policies.policies[0].model)
+        for pol in policies.policies:  # rollouts in the training dtype (bf16 autocast on a GPU)
+            pol.autocast_dtype = generation_autocast(cfg.dtype, self.device)
         return policies
 
     def _memory_plan(self) -> None:
@@ -789,35 +800,35 @@ class Trainer:
         it, batches of ``tasks_per_iter`` further tasks of the iteration's pool (drawn without
         replacement) are rolled out until ``tasks_per_iter`` informative groups are kept or
         ``max_gen_batches`` batches were generated."""
-        cfg = self.cfg
-        rng = np.random.default_rng(_iteration_seed(cfg.seed, it, 0))
-        if not cfg.filter_groups:
+        rollout, seed = self.cfg.rollout, self.cfg.seed  # the [rollout] section alone, and the run's seed
+        rng = np.random.default_rng(_iteration_seed(seed, it, 0))
+        if not rollout.filter_groups:
             tasks = rng.choice(
-                self.n_train_tasks, size=min(cfg.tasks_per_iter, self.n_train_tasks), replace=False
+                self.n_train_tasks, size=min(rollout.tasks_per_iter, self.n_train_tasks), replace=False
             )
             batch = self.scale.collect(
                 self.collector,
                 sorted(int(t) for t in tasks),
-                cfg.group_size,
-                _iteration_seed(cfg.seed, it, 99),
+                rollout.group_size,
+                _iteration_seed(seed, it, 99),
             )
             return batch, batch, None
-        pool = rng.permutation(self.n_train_tasks)[: cfg.tasks_per_iter * cfg.max_gen_batches]
+        pool = rng.permutation(self.n_train_tasks)[: rollout.tasks_per_iter * rollout.max_gen_batches]
         generated: list[RolloutBatch] = []
         kept: list[RolloutBatch] = []
         filtered = FilterStats()
-        for b in range(cfg.max_gen_batches):
-            tasks = pool[b * cfg.tasks_per_iter : (b + 1) * cfg.tasks_per_iter]
-            if len(tasks) == 0 or filtered.groups_kept >= cfg.tasks_per_iter:
+        for b in range(rollout.max_gen_batches):
+            tasks = pool[b * rollout.tasks_per_iter : (b + 1) * rollout.tasks_per_iter]
+            if len(tasks) == 0 or filtered.groups_kept >= rollout.tasks_per_iter:
                 break
             batch = self.scale.collect(
                 self.collector,
                 sorted(int(t) for t in tasks),
-                cfg.group_size,
-                _iteration_seed(cfg.seed, it, 99 + b),
+                rollout.group_size,
+                _iteration_seed(seed, it, 99 + b),
             )
             generated.append(batch)
-            groups = informative_groups(batch, cfg.filter_signal)[: cfg.tasks_per_iter - filtered.groups_kept]
+            groups = informative_groups(batch, rollout.filter_signal)[: rollout.tasks_per_iter - filtered.groups_kept]
             kept.append(select_groups(batch, groups))
             filtered.gen_batches += 1
             filtered.groups_generated += len({r.group_id for r in batch.rows})
