@@ -73,6 +73,7 @@ def create_app(
     app = FastAPI()
     app.state.standin = state
     state["bodies"] = []  # every completion request body, as sent
+    state["force_top_k"] = force_top_k  # a test may change it mid-run (a server restarted with other settings)
 
     def policy_for(name: str) -> HFPolicy:
         if name == served_name:
@@ -139,7 +140,7 @@ def create_app(
         else:
             req = GenerationRequest("a", "r", body["prompt"], sampling)
 
-        top_k = force_top_k or int(body.get("top_k", default_top_k))
+        top_k = state["force_top_k"] or int(body.get("top_k", default_top_k))
 
         def gen() -> Any:
             with lock:

@@ -145,3 +145,29 @@ def test_check_logprobs_numbers_and_tolerance() -> None:
         check_logprobs([[-1.0, -2.0, -9.0]], [[-1.5, -2.0, -1.0]], [[1, 1, 0]], 0.2, when="now")
     with pytest.raises(ValueError, match="logprob_tolerance >= 0"):
         TrainConfig(model="m", logprob_tolerance=-1.0)
+
+
+def test_every_iteration_is_gated_not_only_the_probe(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """A server that passes the probe and then samples with top_k (restarted with other settings): the
+    iteration's rollout/logprob_abs_diff is held to the same tolerance, before its update."""
+    from learners.scale import ScaleOut
+    from learners.served import LogprobMismatchError
+    from srpo_envs.env_server import serve_in_thread
+    from tests._hf_openai_server import create_app
+
+    app = create_app(tiny_model_dir)
+    probe = ScaleOut.probe_served
+
+    def probe_then_switch(self, *a, **kw):
+        out = probe(self, *a, **kw)
+        app.state.standin["force_top_k"] = 5
+        return out
+
+    monkeypatch.setattr(ScaleOut, "probe_served", probe_then_switch)
+    srv = serve_in_thread(app)
+    try:
+        with pytest.raises(LogprobMismatchError, match=r"disagree with the learner's in this iteration's rollouts: mean"):
+            train(_cfg(tiny_model_dir, tmp_path, base_url=f"{srv.url}/v1", iterations=1), log=None)
+    finally:
+        srv.stop()
+    assert all(n.endswith("-v0") for kind, n in app.state.standin["calls"] if kind == "load")  # no update
