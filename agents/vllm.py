@@ -57,10 +57,12 @@ import shutil
 import tempfile
 import warnings
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from agents.policy import Generation, GenerationRequest, PolicyMap
 
@@ -107,7 +109,7 @@ def _require_vllm() -> Any:
     return vllm
 
 
-def _load_into(model: Any, weights: list[tuple[str, Any]]) -> None:
+def _load_into(model: Any, weights: Iterable[tuple[str, Any]]) -> None:
     model.load_weights(weights=iter(weights))
 
 
@@ -176,6 +178,10 @@ class VLLMPolicy:
     instead. ``lora_rank``: serve LoRA adapters of up to this rank (``enable_lora``; ``max_loras``
     adapters in one batch, e.g. the number of roles); the per-role policies are :meth:`view` s.
     ``sleep_mode``: allow :meth:`sleep` where vLLM supports it (see the module docstring).
+    ``request_seeds``: give vLLM every request's seed (the default: a rollout is reproducible whatever
+    else is in its batch), which puts every seeded request on vLLM's per-request-generator sampling path,
+    slower than its batched one at large batch sizes; False samples from the engine's own seeded
+    generator (``seed``), faster, reproducible only for the same batch and schedule.
     Other keyword arguments go to ``vllm.LLM`` (e.g. ``distributed_executor_backend="external_launcher"``
     under a multi-process launch).
     """
@@ -194,10 +200,13 @@ class VLLMPolicy:
         lora_rank: int | None = None,
         max_loras: int = 1,
         sleep_mode: bool = False,
+        request_seeds: bool = True,
         llm: Any = None,
         **llm_kwargs: Any,
     ) -> None:
         vllm = _require_vllm()
+        #: pass each request's ``SamplingParams.seed`` to vLLM (see :meth:`_params`)
+        self.request_seeds = request_seeds
         #: the engine was built with ``enable_sleep_mode`` (asked for, and supported by this build)
         self.sleep_mode = bool(sleep_mode and llm is None and sleep_mode_available())
         if self.sleep_mode:
@@ -250,6 +259,14 @@ class VLLMPolicy:
             # tied to the state all views share: the directories live as long as any view does
             weakref.finalize(self._lora, shutil.rmtree, root, ignore_errors=True)
 
+    @property
+    def engine_dtype(self) -> torch.dtype | None:
+        """The dtype the engine holds its weights in (vLLM's resolved ``model_config.dtype``; None when
+        this vLLM does not say), the dtype :meth:`load_weights` pushes in."""
+        config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
+        dtype = getattr(config, "dtype", None)
+        return dtype if isinstance(dtype, torch.dtype) else None
+
     # ------------------------------------------------------------------ sleep mode
     @property
     def asleep(self) -> bool:
@@ -272,6 +289,11 @@ class VLLMPolicy:
         """Bring a sleeping engine back (weights and KV cache); False when it was awake."""
         if not self._engine_state.asleep:
             return False
+        if torch.cuda.is_available():
+            # the learner's update just freed its activations and temporaries into torch's caching
+            # allocator, which vLLM's own allocator cannot use: hand them back to the driver first, or
+            # waking (weights back, KV cache re-allocated) can run out of memory (TRL does the same)
+            torch.cuda.empty_cache()
         self.llm.wake_up()
         self._engine_state.asleep = False
         reset = getattr(self.llm, "reset_prefix_cache", None)
@@ -385,7 +407,7 @@ class VLLMPolicy:
             stop=list(sp.stop) or None,
             include_stop_str_in_output=True,
             ignore_eos=sp.ignore_eos,
-            seed=sp.seed,
+            seed=sp.seed if getattr(self, "request_seeds", True) else None,
             logprobs=0,  # the sampled token's log-prob only
             skip_special_tokens=True,
         )
@@ -433,7 +455,9 @@ class VLLMPolicy:
         items: list[tuple[str, Any]] = list(
             weights.items() if isinstance(weights, Mapping) else _as_pairs(weights)
         )
-        items = [(name, t.detach()) for name, t in items]
+        # in the engine's dtype (a bf16 engine gets bf16, not the learner's float32 master weights):
+        # half the bytes to copy, cast one tensor at a time as the loader consumes them
+        items = _InDtype([(name, t.detach()) for name, t in items], self.engine_dtype)
         self.wake_up()  # level-1 sleep keeps the old weights in host memory: back first, then overwritten
         if not self._load_via_driver(items):
             apply_model = getattr(self.llm, "apply_model", None)
@@ -449,7 +473,7 @@ class VLLMPolicy:
         if policy_version is not None:
             self.policy_version = policy_version
 
-    def _load_via_driver(self, items: list[tuple[str, Any]]) -> bool:
+    def _load_via_driver(self, items: Iterable[tuple[str, Any]]) -> bool:
         executor = getattr(getattr(self.llm, "llm_engine", None), "model_executor", None)
         worker = getattr(executor, "driver_worker", None)
         # vLLM >= 0.2x: the worker's in-place reload. After loading, backends repack weights into
@@ -471,6 +495,21 @@ class VLLMPolicy:
                 _load_into(obj, items)
                 return True
         return False
+
+
+@dataclass
+class _InDtype:
+    """``(name, tensor)`` pairs that yield floating tensors cast to ``dtype`` (None: as they are), lazily
+    and again on every iteration (a loader that fails half-way can be followed by another)."""
+
+    items: list[tuple[str, Any]]
+    dtype: torch.dtype | None
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for name, t in self.items:
+            if self.dtype is not None and t.is_floating_point() and t.dtype != self.dtype:
+                t = t.to(self.dtype)
+            yield name, t
 
 
 def _as_pairs(weights: Iterable[Any]) -> Iterable[tuple[str, Any]]:

@@ -75,7 +75,7 @@ Stats = dict[str, float]
 DENOMINATOR_UNITS = ("events", "members", "rows", "tokens")
 """What a loss averages over: events, members (every row), rows with at least one loss token, loss
 tokens. Gradient accumulation divides every micro-batch's sum by the *whole minibatch's* count."""
-RATIO_LEVELS = ("token", "sequence", "event")
+RATIO_LEVELS = ("token", "sequence", "sequence-mean", "event")
 """Where a loss's importance ratio lives: per token (GRPO/PPO), per sequence (GSPO) or per event (SRPO)."""
 
 
@@ -898,7 +898,7 @@ def _ppo_policy_loss(
     return _grpo_policy_loss(logprobs, old, mask, advantages, event_index, cfg)
 
 
-@register_policy_loss("gspo", unit="rows", token_weights=True, ratio_level="sequence")
+@register_policy_loss("gspo", unit="rows", token_weights=True, ratio_level="sequence-mean")
 def _gspo_policy_loss(
     logprobs: Tensor, old: Tensor, mask: Tensor, advantages: Tensor, event_index: Tensor, cfg: LossConfig
 ) -> tuple[Tensor, Stats]:

@@ -41,7 +41,7 @@ __all__ = [
     "tis_weights",
 ]
 
-TIS_LEVELS = ("token", "sequence", "event")
+TIS_LEVELS = ("token", "sequence", "sequence-mean", "event")
 
 
 def refuse_stale_events(
@@ -93,7 +93,8 @@ def tis_weights(
             that generated them (``pi_old``; computed before the update, no gradient).
         rollout_logprobs: ``[R, T]`` the rollout engine's log-probs of the same tokens.
         mask: ``[R, T]`` loss mask (padding and env text 0).
-        level: ``token`` (per token), ``sequence`` (one weight per row: the product over its tokens) or
+        level: ``token`` (per token), ``sequence`` (one weight per row: the product over its tokens),
+            ``sequence-mean`` (one weight per row: the per-token geometric mean, GSPO's ratio scale) or
             ``event`` (one weight per event, on all its rows' tokens; needs ``event_index``; see
             :func:`tis_row_weights` for its scale ``norm``).
         cap: the truncation ``C`` (> 0).
@@ -133,8 +134,14 @@ def tis_row_weights(
     event_index: Tensor | None = None,
     norm: str = "sum",
 ) -> Tensor:
-    """``[R]`` one truncated weight per row: ``sequence`` (the row's own product of token ratios) or
-    ``event`` (one weight per event, shared by its rows).
+    """``[R]`` one truncated weight per row: ``sequence`` (the row's own product of token ratios),
+    ``sequence-mean`` (their geometric mean per loss token) or ``event`` (one weight per event, shared
+    by its rows).
+
+    ``sequence-mean`` is GSPO's scale: its ratio is ``exp(mean_t log r_t)``, length-normalised so that
+    one clip range (3e-4) means the same for every length; the raw product would weight a 500-token
+    answer by ``e^{500 x mismatch}`` (capped, or crushed below 1) for a per-token mismatch its own
+    ratio calls tiny, the same scale error as an unnormalised event weight for SRPO (below).
 
     The event weight is the event's behaviour ratio on the *same scale as SRPO's clipped ratio*:
     ``w_e = min(exp(sum_{j in e} log w_j / c(K_e)), cap)`` with ``log w_j`` row ``j``'s summed token
@@ -151,14 +158,16 @@ def tis_row_weights(
     only per-token weights keep each member's own weight (per-row advantages are reduced to one per
     event).
     """
-    if level not in ("sequence", "event"):
-        raise ValueError(f"per-row weights need level 'sequence' or 'event', got {level!r}")
+    if level not in ("sequence", "sequence-mean", "event"):
+        raise ValueError(f"per-row weights need level 'sequence', 'sequence-mean' or 'event', got {level!r}")
     if cap <= 0:
         raise ValueError(f"cap must be > 0, got {cap}")
     if norm not in EVENT_NORMS:
         raise ValueError(f"norm must be one of {sorted(EVENT_NORMS)}, got {norm!r}")
     log_ratio = _masked_log_ratio(train_logprobs, rollout_logprobs, mask)
     per_row = log_ratio.sum(-1)
+    if level == "sequence-mean":  # a row without loss tokens has log ratio 0: weight 1
+        per_row = per_row / (mask != 0).sum(-1).clamp_min(1).to(per_row.dtype)
     if level == "event" and not members_as_events(norm):
         if event_index is None or tuple(event_index.shape) != (log_ratio.shape[0],):
             raise ValueError("level='event' needs event_index of shape [R]")
