@@ -7,8 +7,8 @@
 once, with its help as the field's docstring.
 
 Training settings: the suite's presets (:mod:`benchmarks.presets`), then the ``[train]`` table of an
-experiment file or ``--set train.FIELD=VALUE`` (any ``TrainConfig`` field, e.g. ``train.kl_coef``), then
-the shortcut options (``--lr``, ``--group-size``, ...; in a file they are written in ``[train]`` too).
+experiment file (any ``TrainConfig`` field, e.g. ``kl_coef``), then the shortcut options given on the
+command line (``--lr``, ``--group-size``, ...) and ``--set train.FIELD=VALUE``.
 An experiment file is written in the sections of :data:`COMPARE_SECTIONS`; each comparison saves its
 resolved options as ``OUT/experiment.toml`` (``srpo bench compare --config OUT/experiment.toml`` runs it
 again) and each run its training config as ``OUT/runs/<variant>-s<seed>/config.toml``. The suites'
@@ -192,15 +192,16 @@ def experiment_path(name: str | Path) -> Path:
 
 
 def resolved_train(opts: CompareOptions, preset: dict[str, Any]) -> dict[str, Any]:
-    """The ``TrainConfig`` overrides every variant shares: ``preset``, then ``opts.train``, then the
-    shortcut options. An explicit ``rows_per_batch`` drops the preset's ``minibatches_per_iter`` split
-    (unless that is given too): the minibatch size asked for is the one used."""
-    out = dict(preset)
-    given = {**opts.train, **opts.shortcuts()}
-    if "rows_per_batch" in given and "minibatches_per_iter" not in given:
-        out.pop("minibatches_per_iter", None)
-    out.update(given)
-    return out
+    """The ``TrainConfig`` overrides every variant shares: ``preset``, then ``opts.train`` (an experiment
+    file's ``[train]``, ``--set train.X``), then the shortcut options, each over the one before. A
+    ``rows_per_batch`` given in one of these layers without a ``minibatches_per_iter`` beside it drops the
+    lower layers' ``minibatches_per_iter`` split: the minibatch size asked for is the one used."""
+    layers = [dict(preset), dict(opts.train), opts.shortcuts()]
+    for i, layer in enumerate(layers):
+        if "rows_per_batch" in layer and "minibatches_per_iter" not in layer:
+            for lower in layers[:i]:
+                lower.pop("minibatches_per_iter", None)
+    return {k: v for layer in layers for k, v in layer.items()}
 
 
 def dump_options(opts: CompareOptions, train: dict[str, Any], header: str = "") -> str:

@@ -331,6 +331,12 @@ def _layered(
         text = str(exc)
         hint = "--set" if text.startswith("--set: ") else "--config"
         raise typer.BadParameter(text.removeprefix("--set: "), param_hint=hint) from None
+    # an open table's section (bench compare's [train]): a file's values all go into the table, so options
+    # given on the command line (the section's named fields) and --set land above the whole file
+    for sec, (holder, _) in layout.tables.items():
+        for name in layout.sections.get(sec, ()):
+            if name in from_file:
+                from_file.setdefault(holder, {})[name] = from_file.pop(name)
     # by name: typer may carry its own copy of click, whose ParameterSource is another enum class
     given = ("COMMANDLINE", "ENVIRONMENT")
     values: dict[str, Any] = {}

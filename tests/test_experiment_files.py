@@ -267,6 +267,11 @@ def test_shipped_experiments_equal_the_presets_they_mirror(name: str, compare_ca
         (preset_args, preset_kw), (file_args, file_kw) = compare_calls[-2:]
         assert file_args == preset_args, name
         assert file_kw["env_kwargs"] == preset_kw["env_kwargs"], name
+    # an explicit minibatch size replaces the file's split as it replaces the preset's
+    _bench("compare", "--model", "m", "--suite", name, "--rows-per-batch", "64", "--set", "train.kl_coef=0.1")
+    _bench("compare", "--model", "m", "--config", name, "--rows-per-batch", "64", "--set", "train.kl_coef=0.1")
+    assert compare_calls[-1][0] == compare_calls[-2][0], name
+    assert compare_calls[-1][0][5]["rows_per_batch"] == 64 and "minibatches_per_iter" not in compare_calls[-1][0][5]
 
 
 def test_record_provenance_carries_the_config_and_old_records_keep_their_hash() -> None:
