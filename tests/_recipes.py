@@ -3,7 +3,8 @@
 Every ``srpo train`` / ``srpo bench`` command in ``README.md`` and ``docs/**/*.md`` (fenced ``bash``
 blocks, continuation lines joined, ``torchrun`` / ``accelerate`` / ``VAR=value`` prefixes kept) whose
 ``--model`` names a hub model (``ORG/NAME``) or a served one (``openai:NAME``, the hub id then comes from the
-block's ``vllm serve ID --served-model-name NAME``) is a *recipe*. A new recipe in the docs is covered the
+block's ``vllm serve ID --served-model-name NAME``), or whose ``--config`` experiment file (a shipped
+``learners/experiments/NAME.toml``) does, is a *recipe*. A new recipe in the docs is covered the
 day it is written, with nobody remembering to add a test; one whose model family is unknown here fails
 with a message instead of being skipped.
 
@@ -64,6 +65,8 @@ class Recipe:
     argv: tuple[str, ...]  #: its tokens
     model: str  #: the hub id it trains or evaluates (a served recipe: the id the block serves)
     served: dict[str, str] = field(default_factory=dict)  #: served name -> hub id (the block's vllm serve)
+    #: ``--config FILE|NAME`` recipes: the experiment file's flat fields (its model, backend, sizes)
+    config: dict[str, object] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -156,6 +159,20 @@ def _served_names(block: list[tuple[int, str]]) -> dict[str, str]:
     return out
 
 
+def _experiment(name: str) -> dict[str, object]:
+    """The flat fields of a ``--config`` experiment file (a path or a shipped name); {} when there is none."""
+    import tomllib
+
+    from learners.config import ConfigFileError, experiment_path
+
+    try:
+        path = experiment_path(name)
+    except ConfigFileError:
+        return {}  # a placeholder (exp.toml, a run's config.toml): nothing to run
+    sections = tomllib.loads(path.read_text(encoding="utf-8"))
+    return {k: v for table in sections.values() if isinstance(table, dict) for k, v in table.items()}
+
+
 def is_hub_id(model: str) -> bool:
     """``ORG/NAME`` that is no local path."""
     return bool(_HUB_ID.match(model)) and not model.startswith(_LOCAL) and not (ROOT / model).exists()
@@ -172,6 +189,10 @@ def extract(files: list[Path] | None = None) -> list[Recipe]:
             if i < 0:
                 continue
             model = _option(argv, "--model")
+            config: dict[str, object] = {}
+            if model is None and _option(argv, "--config") is not None:
+                config = _experiment(str(_option(argv, "--config")))
+                model = str(config.get("model")) if config.get("model") else None
             if model is None:
                 continue
             served = _served_names(block)
@@ -185,7 +206,7 @@ def extract(files: list[Path] | None = None) -> list[Recipe]:
             else:
                 continue
             text = cmd.split(" #", 1)[0].strip() if " #" in cmd else cmd.strip()
-            recipes.append(Recipe(f"{rel}:{line}", text, tuple(argv), hub, served))
+            recipes.append(Recipe(f"{rel}:{line}", text, tuple(argv), hub, served, config))
     return recipes
 
 
@@ -269,6 +290,8 @@ def ci_argv(recipe: Recipe, model_dir: Path, out_dir: Path, base_url: str | None
     model = _option(cmd, "--model")
     _set(cmd, "--model", f"openai:{model[len('openai:'):]}" if model and model.startswith("openai:") else str(model_dir))
     _set(cmd, "--device", "cpu")
+    if _option(cmd, "--backend") is None and recipe.config.get("backend"):  # the command line beats the file
+        cmd += ["--backend", str(recipe.config["backend"])]
     if _option(cmd, "--backend") == "vllm" and not vllm_available():
         _set(cmd, "--backend", "hf")
         for name in _VLLM_VALUE_OPTIONS:

@@ -31,6 +31,7 @@ def test_the_docs_recipes_are_found() -> None:
     assert any("Qwen2.5-3B" in t and "--sharing lora" in t and "--gradient-checkpointing" in t for t in texts)
     assert any(t.startswith("torchrun ") and "--dp-engine fsdp2" in t for t in texts)
     assert any("openai:" in t for t in texts)  # a served recipe (its model from the block's vllm serve)
+    assert any(r.config and r.model.startswith("Qwen/") for r in RECIPES)  # srpo train --config 3b
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.source for r in RECIPES])
@@ -40,7 +41,10 @@ def test_every_recipe_is_complete(recipe: Recipe) -> None:
     architecture(recipe.model)
     assert "..." not in recipe.text, f"{recipe.source}: an incomplete recipe cannot run: {recipe.text}"
     needed = REAL_MODEL_SETTINGS if recipe.command == "train" else ("--max-new-tokens", "--temperature")
-    missing = [o for o in needed if o not in recipe.argv]
+    if recipe.config:  # an experiment file states what differs from the defaults (temperature 1.0 is one)
+        needed = tuple(o for o in needed if o != "--temperature")
+    stated = {*recipe.argv, *(f"--{k.replace('_', '-')}" for k in recipe.config)}
+    missing = [o for o in needed if o not in stated]
     assert not missing, f"{recipe.source} inherits the tiny model's defaults of {missing}: {recipe.text}"
 
 
