@@ -292,11 +292,19 @@ def dumps_train_config(cfg: TrainConfig) -> str:
     )
 
 
-def write_run_config(cfg: TrainConfig, out_dir: str | Path | None = None) -> Path:
-    """Write ``cfg`` as ``OUT/config.toml`` (atomically): ``srpo train --config OUT/config.toml`` reruns it."""
+def write_run_config(cfg: TrainConfig, out_dir: str | Path | None = None) -> Path | None:
+    """Write ``cfg`` as ``OUT/config.toml`` (atomically): ``srpo train --config OUT/config.toml`` reruns it.
+
+    A config TOML cannot hold (a ``None`` inside ``env_kwargs``: TOML has no null) warns and writes
+    nothing instead of stopping the run; checkpoints keep the config as JSON either way."""
     from srpo_common import atomic_write_text
 
-    return atomic_write_text(Path(out_dir or cfg.out_dir) / "config.toml", dumps_train_config(cfg))
+    try:
+        text = dumps_train_config(cfg)
+    except ConfigFileError as exc:
+        warnings.warn(f"config.toml not written: {exc}", stacklevel=2)
+        return None
+    return atomic_write_text(Path(out_dir or cfg.out_dir) / "config.toml", text)
 
 
 def read_train_config(

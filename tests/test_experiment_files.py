@@ -364,3 +364,23 @@ def write_recipe_experiments() -> list[Path]:
 if __name__ == "__main__":
     for path in write_recipe_experiments():
         print(f"wrote {path}")
+
+
+def test_views_are_not_pickled_and_help_lists_config_and_set() -> None:
+    """A config sent to a Ray worker carries its fields only (the views are rebuilt there)."""
+    import pickle
+
+    cfg = TrainConfig(model="m", group_size=3)
+    assert cfg.rollout.group_size == 3
+    again = pickle.loads(pickle.dumps(cfg))
+    assert "_views" not in again.__dict__ and again.rollout.group_size == 3
+    assert dataclasses.asdict(again) == dataclasses.asdict(cfg)
+    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert "--config" in result.output and "--set" in result.output
+
+
+def test_a_config_toml_cannot_hold_warns_instead_of_stopping_the_run(tmp_path: Path) -> None:
+    cfg = TrainConfig(model="m", env_kwargs={"retriever_url": None})
+    with pytest.warns(UserWarning, match="TOML has no null"):
+        assert train_config.write_run_config(cfg, tmp_path) is None
+    assert not (tmp_path / "config.toml").exists()
