@@ -3,8 +3,10 @@
 What lives here: the suites ``srpo bench compare``/``ablation``/``quick`` can train on
 (:data:`TRAINING_ENVS`), the shipped warm starts they begin from, the RL settings of the CPU-scale
 runs (:data:`QUICK_TRAIN`, :data:`QUICK_SETTINGS`) and the variant sets a comparison trains
-(:data:`ALGORITHMS`, :data:`ABLATIONS`). Changing an experiment means editing this file only; the
-runners (:mod:`benchmarks.cli`, :mod:`benchmarks.compare`) read these names and hold no numbers.
+(:data:`ALGORITHMS`, :data:`ABLATIONS`); the suites' decision settings are read from the shipped
+experiment files ``benchmarks/experiments/<suite>.toml`` (:data:`DECISION_DIR`). Changing an experiment
+means editing this file or those; the runners (:mod:`benchmarks.cli`, :mod:`benchmarks.compare`) read these
+names and hold no numbers.
 """
 
 from __future__ import annotations
@@ -228,49 +230,63 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "srpo-k1": {"algo": "srpo", "norm": "k1"},
 }
 
+#: The suites' decision settings live in shipped experiment files, one per suite
+#: (``benchmarks/experiments/<suite>.toml``, the files ``srpo bench compare --config <suite>`` runs): each
+#: holds the seeds, eval, training-env kwargs and ``[train]`` overrides a decision run of the suite takes
+#: over its ``bench quick`` settings, with the reasons as comments. The four tables below are read from
+#: them, so the file is the one place a decision setting is changed.
+DECISION_DIR = Path(__file__).resolve().parent / "experiments"
+
+
+def _decision_files() -> dict[str, dict[str, Any]]:
+    """suite -> its decision file's tables (``[compare]``, ``[eval]``, ``[train]``); a file must name its suite."""
+    import tomllib
+
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(DECISION_DIR.glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        suite = data.get("compare", {}).get("suite")
+        if suite != path.stem:
+            raise ValueError(f"{path}: [compare] suite = {suite!r}, expected {path.stem!r} (the file's name)")
+        out[suite] = data
+    return out
+
+
+_DECISIONS = _decision_files()
+
+
+def _seed_count(suite: str, seeds: str) -> int:
+    values = [int(s) for s in seeds.split(",") if s.strip()]
+    if values != list(range(len(values))):
+        raise ValueError(f"{DECISION_DIR / suite}.toml: seeds must be 0..N-1 (a count), got {seeds!r}")
+    return len(values)
+
+
 #: ``--seeds`` default of ``srpo bench compare`` / ``ablation --suite S`` (seeds 0..N-1): as many training
 #: seeds as ``srpo bench power --suite S`` says a decision at a few points needs (training seeds dominate
 #: the paired difference's variance on the column suites once every held-out problem is evaluated; the
 #: power table is in docs/results/algorithms.md). Suites not listed take :data:`COMPARE_DEFAULTS`.
 DECISION_SEEDS: dict[str, int] = {
-    "quick-columns": 10,
-    "quick-columns-routed": 10,
-    "quick-columns-routed5": 10,
-    # five seeds for a search decision (64 iterations per run; no power pilot has sized it yet)
-    "quick-search": 5,
-    "quick-search-routed": 5,
+    suite: _seed_count(suite, d["compare"]["seeds"]) for suite, d in _DECISIONS.items() if "seeds" in d["compare"]
 }
 #: ``--eval-k`` / ``--eval-limit`` defaults of ``srpo bench compare`` / ``ablation`` / ``power --suite S``:
-#: every held-out problem (128 per size) with k=4, the design ``srpo bench power`` sizes (the
-#: power table of docs/results/algorithms.md); suites not listed take their ``bench quick`` eval (:data:`QUICK_SETTINGS`).
-DECISION_EVAL: dict[str, dict[str, int]] = {
-    "quick-columns": {"eval_k": 4, "eval_limit": 128},
-    "quick-columns-routed": {"eval_k": 4, "eval_limit": 128},
-    "quick-columns-routed5": {"eval_k": 4, "eval_limit": 128},
-}
-
-#: The invented worlds a quick-search *decision* run trains in (``bench compare`` / ``ablation`` /
-#: ``power``): 16 worlds, none the warm start (``SFT_WORLD_SEED_BASE`` on) or the held-out evaluation
-#: (``QUICK_SEARCH_EVAL_KB_SEED``) uses, so RL cannot learn one world's facts and has to learn to read.
-QUICK_SEARCH_RL_WORLDS: tuple[int, ...] = tuple(
-    range(QUICK_SEARCH_TRAIN_KB_SEED, QUICK_SEARCH_TRAIN_KB_SEED + 16)
-)
+#: on the column suites every held-out problem (128 per size) with k=4, the design ``srpo bench power``
+#: sizes (the power table of docs/results/algorithms.md); suites not listed take their ``bench quick`` eval
+#: (:data:`QUICK_SETTINGS`).
+DECISION_EVAL: dict[str, dict[str, int]] = {suite: dict(d["eval"]) for suite, d in _DECISIONS.items() if "eval" in d}
 #: Env kwargs of ``bench compare`` / ``ablation`` / ``power --suite S`` over the suite's training env
-#: (``bench quick`` keeps :data:`TRAINING_ENVS`' one world and its budget). The routed search suite
-#: trains as quick-search does: its search ablation is a decision too.
+#: (``bench quick`` keeps :data:`TRAINING_ENVS`' one world and its budget): quick-search's 16 invented
+#: worlds, none the warm start or the held-out evaluation uses, so RL has to learn to read.
 DECISION_ENV_KWARGS: dict[str, dict[str, Any]] = {
-    "quick-search": {"kb_seed": list(QUICK_SEARCH_RL_WORLDS)},
-    "quick-search-routed": {"kb_seed": list(QUICK_SEARCH_RL_WORLDS)},
+    suite: dict(d["compare"]["env_kwargs"]) for suite, d in _DECISIONS.items() if "env_kwargs" in d["compare"]
 }
+#: The invented worlds a quick-search *decision* run trains in (``bench compare`` / ``ablation`` /
+#: ``power``): 16 worlds from :data:`QUICK_SEARCH_TRAIN_KB_SEED` on.
+QUICK_SEARCH_RL_WORLDS: tuple[int, ...] = tuple(DECISION_ENV_KWARGS["quick-search"]["kb_seed"])
 #: ``TrainConfig`` overrides of ``bench compare`` / ``ablation`` / ``power --suite S`` over the suite's
-#: ``bench quick`` settings: search RL that moves held-out accuracy needs many worlds, groups with a
-#: reward difference (DAPO's dynamic sampling) and many iterations (docs/results/quick-search.md has what each gave).
-DECISION_TRAIN: dict[str, dict[str, Any]] = {
-    "quick-search": {"iterations": 64, "filter_groups": True},
-    # groups kept by DAPO's rule (some but not all rollouts solved the task): kept by reward, a failed
-    # group's member costs alone taught the router one searcher and the team one round (docs/results/quick-search-routed.md)
-    "quick-search-routed": {"iterations": 32, "filter_groups": True, "filter_signal": "correct"},
-}
+#: ``bench quick`` settings (search RL that moves held-out accuracy needs many worlds, dynamic sampling and
+#: many iterations; docs/results/quick-search.md has what each gave).
+DECISION_TRAIN: dict[str, dict[str, Any]] = {suite: dict(d["train"]) for suite, d in _DECISIONS.items() if "train" in d}
 #: Defaults of ``srpo bench compare`` / ``ablation`` that are not RL settings.
 COMPARE_DEFAULTS: dict[str, Any] = {
     "seeds": "0,1,2",
