@@ -261,28 +261,19 @@ def eval_cmd(
             # OpenAIServerError: srpo's external-service exit status, naming the server (srpo_cli.app)
             raise typer.BadParameter(str(exc), param_hint="--base-url") from None
     elif workers > 0:  # the model lives in the Ray workers only; the driver keeps a stand-in for identities
-        from agents.ray_rollout import HFPolicyFactory, RemotePolicy, RolloutWorkerPool, VLLMPolicyFactory
+        from agents.engines import engine_factory, engine_gpus
+        from agents.ray_rollout import RemotePolicy, RolloutWorkerPool
 
-        factory = (
-            VLLMPolicyFactory(str(model_dir))
-            if backend == "vllm"
-            else HFPolicyFactory(str(model_dir), (), device=device)
-        )
-        pool = RolloutWorkerPool(
-            factory, workers, ray_address=ray_address, num_gpus=1 if backend == "vllm" else 0
-        )
+        factory = engine_factory(backend, model_dir, device=device if backend == "hf" else None)
+        pool = RolloutWorkerPool(factory, workers, ray_address=ray_address, num_gpus=engine_gpus(backend))
         policy = RemotePolicy(str(model_dir), eval_cache_key=weights)
 
         def collector_factory(env_fn, _policies, sampling):  # noqa: ANN001, ANN202 - evaluate's protocol
             return pool.collector(env_fn, sampling)
-    elif backend == "vllm":
-        from agents.vllm import VLLMPolicy
+    else:  # in this process (agents.engines: the choice training rollouts make too)
+        from agents.engines import local_engine
 
-        policy = VLLMPolicy(str(model_dir), dtype=vllm_dtype)
-    else:
-        from agents.hf import HFPolicy  # lazy: torch/transformers load only when a model is evaluated
-
-        policy = HFPolicy(str(model_dir), device=device)
+        policy = local_engine(backend, model_dir, **({"dtype": vllm_dtype} if backend == "vllm" else {"device": device}))
     name = method or algorithm or (model_dir.resolve().name if local else model)
     identity = weights or (str(model_dir.resolve()) if served is None else None)
     results = []

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -295,19 +294,13 @@ def train_and_evaluate(
     train_cfg = variant_train_config(cfg, name, overrides, seed, source)
     if cfg.keep_checkpoints:  # one checkpoint, after the last iteration
         train_cfg = replace(train_cfg, save_every=train_cfg.iterations)
-    trainer = Trainer(train_cfg, log=None)
-    if cfg.keep_checkpoints and ckpt.find_checkpoint(trainer.out) is not None:
-        # another config (not just more iterations) or a checkpoint past --iterations is an error
-        trainer.load_checkpoint()
-    else:
-        if trainer.metrics_path.exists():
-            trainer.metrics_path.unlink()
-        ckpt.remove_checkpoints(trainer.out)  # a kept one of other settings must not be resumed later
-        if source is not None:  # the source run's curve: train() keeps its rows up to `start`, as on a resume
-            trainer.out.mkdir(parents=True, exist_ok=True)
-            if (source / "metrics.jsonl").is_file():
-                shutil.copyfile(source / "metrics.jsonl", trainer.metrics_path)
-            trainer.iteration = start
+    kept = cfg.keep_checkpoints and ckpt.find_checkpoint(train_cfg.out_dir) is not None
+    # a kept checkpoint is resumed (another config, not just more iterations, or one past --iterations is an error)
+    trainer = Trainer(train_cfg, log=None, start_from=train_cfg.out_dir if kept else None)
+    if not kept:
+        trainer.start_fresh()  # a kept checkpoint of other settings must not be resumed later
+        if source is not None:  # the source run's weights (cfg.model) and its curve up to `start`
+            trainer.continue_from(source, start)
     history = trainer.train()
     t1 = time.perf_counter()
     metrics = ckpt.read_metrics(trainer.metrics_path)  # what the run logged, one row per iteration

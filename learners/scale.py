@@ -36,10 +36,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from agents.engines import ENGINES, engine_factory, engine_gpus, local_engine
 from agents.policy import PolicyMap, SamplingParams
 from agents.rollout import RolloutBatch, RolloutCollector
 from learners.batching import MiniBatch, shard_minibatch
@@ -59,16 +60,19 @@ from learners.distributed import (
 )
 from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_row_weights, tis_stats, tis_weights
 
-if TYPE_CHECKING:
-    from learners.trainer import Trainer
+__all__ = ["BACKENDS", "TIS_MODES", "ScaleHost", "ScaleOut"]
 
-__all__ = ["BACKENDS", "TIS_MODES", "ScaleOut"]
-
-BACKENDS = ("hf", "vllm", "openai")
+BACKENDS = ENGINES  # the generation engines (agents.engines chooses them for eval and training alike)
 #: ``auto``: only when rollouts come from another engine (vLLM), at the level of the loss's own ratio
 #: (:attr:`learners.losses.PolicyLoss.ratio_level`: token for GRPO/PPO as verl's default, sequence for
 #: GSPO, event for SRPO); ``off``: never; ``token`` / ``sequence`` / ``event``: that level.
 TIS_MODES = ("auto", "off", "token", "sequence", "sequence-mean", "event")
+
+
+def _master_dtype(dtype: str) -> str:
+    """The dtype an HF copy of the learner's policies holds: its master weights' (float64 for exact
+    tests, else float32: a bfloat16 run trains float32 masters under autocast)."""
+    return "float64" if dtype == "float64" else "float32"
 
 
 def token_shares(sizes: Sequence[int], parts: int) -> list[tuple[int, int]]:
@@ -85,15 +89,43 @@ def token_shares(sizes: Sequence[int], parts: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
-class ScaleOut:
-    """The trainer's process layout and rollout engine (see the module docstring)."""
+class ScaleHost(Protocol):
+    """What :class:`ScaleOut` needs from the learner it serves (:class:`learners.trainer.Trainer`
+    satisfies it; tests pass small stand-ins). Read when used, not at construction: the learner builds
+    its policies and picks its rank's device after its ``ScaleOut`` exists (the layout decides both)."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        self.cfg = trainer.cfg
-        self.dist: DistContext = init_distributed(
-            trainer.device, timeout_s=getattr(self.cfg, "dist_timeout", None)
-        )
+    cfg: Any
+    """the run's settings (``backend``, ``sharing``, ``dtype``, ``rollout_workers``, ``tis``, ...)"""
+    device: torch.device
+    """this rank's device"""
+    model_path: str
+    """the local directory of the policy's weights (what rollout engines load)"""
+    roles: list[str]
+    """the env's roles (one policy view each)"""
+    policies: PolicyMap
+    """the trained policies (their weights and versions are pushed to the rollout engine)"""
+
+    def log(self, message: str) -> None: ...
+
+    def distinct_models(self) -> list[Any]:
+        """One policy per distinct trained model (LoRA views of one base count once)."""
+        ...
+
+    def old_logprobs(self, rows: list[Any]) -> list[list[float]]:
+        """``pi_old`` of ``rows`` by the learner's training forward, in batch order."""
+        ...
+
+
+class ScaleOut:
+    """The learner's process layout and rollout engine (see the module docstring).
+
+    ``host``: the learner, through the narrow :class:`ScaleHost` interface (this module never imports
+    :mod:`learners.trainer`; an import-linter contract in pyproject.toml keeps it so)."""
+
+    def __init__(self, host: ScaleHost) -> None:
+        self.host = host
+        self.cfg = host.cfg
+        self.dist: DistContext = init_distributed(host.device, timeout_s=getattr(self.cfg, "dist_timeout", None))
         self.pool: Any = None
         self.rollout_policies: PolicyMap | None = None
         self._synced: list[int] | None = None
@@ -126,33 +158,27 @@ class ScaleOut:
         self, train_env: Callable[[], Any], eval_env: Callable[[], Any], sampling: SamplingParams
     ) -> tuple[Any, Any]:
         """The train and eval collectors of this rank (Ray on rank 0, vLLM, or the learner's model)."""
-        cfg, trainer = self.cfg, self.trainer
+        cfg, host = self.cfg, self.host
         if cfg.rollout_workers > 0:
             if not self.dist.is_main:
                 return None, None  # rank 0 collects and broadcasts
-            from agents.ray_rollout import HFPolicyFactory, RolloutWorkerPool, VLLMPolicyFactory
+            from agents.ray_rollout import RolloutWorkerPool
 
-            on_gpu = trainer.device.type == "cuda"
-            if cfg.backend == "vllm":
-                if cfg.sharing != "shared":  # the workers' engines take full state dicts, not adapters
-                    raise ValueError(
-                        f"rollout_workers with backend=vllm supports sharing=shared, got {cfg.sharing!r}; "
-                        "for LoRA per role use the colocated engine (rollout_workers=0, sharing=lora)"
-                    )
-                factory: Any = VLLMPolicyFactory(trainer.model_path, tuple(trainer.roles), dtype=cfg.dtype)
-            else:
-                factory = HFPolicyFactory(
-                    trainer.model_path,
-                    tuple(trainer.roles),
-                    cfg.sharing,
-                    cfg.lora_rank,
-                    device=trainer.device.type,
-                    dtype="float64" if cfg.dtype == "float64" else "float32",
-                )
+            on_gpu = host.device.type == "cuda"
+            # vLLM workers take the run's dtype; HF workers hold float32 masters (float64 for exact tests)
+            factory = engine_factory(
+                cfg.backend,
+                host.model_path,
+                host.roles,
+                sharing=cfg.sharing,
+                lora_rank=cfg.lora_rank,
+                device=host.device.type,
+                dtype=cfg.dtype if cfg.backend == "vllm" else _master_dtype(cfg.dtype),
+            )
             workers = cfg.rollout_workers
             remote = cfg.ray_address or os.environ.get("RAY_ADDRESS")
             if remote and "Search" in cfg.env_id and "retriever_url" not in cfg.env_kwargs:
-                trainer.log(
+                host.log(
                     "warning: rollout workers on a Ray cluster build their own retriever on every node; "
                     "serve one (`srpo serve-retriever`) and pass --env-kwarg retriever_url=http://HOST:PORT"
                 )
@@ -161,29 +187,30 @@ class ScaleOut:
                 workers,
                 ray_address=cfg.ray_address,
                 torch_threads=max(1, (os.cpu_count() or 1) // workers),
-                num_gpus=1 if (on_gpu or cfg.backend == "vllm") else 0,
+                num_gpus=engine_gpus(cfg.backend, on_gpu),
                 call_timeout_s=cfg.rollout_timeout,
             )
             return self.pool.collector(train_env, sampling), self.pool.collector(eval_env, sampling)
-        policies = trainer.policies
+        policies = host.policies
         if self.fsdp and cfg.backend == "hf":
             policies = self.rollout_copy = self._policy_factory()()
         if cfg.backend == "vllm":
-            from agents.vllm import PER_ROLE_REFUSAL, VLLMPolicy, vllm_lora_policy_map
+            from agents.vllm import PER_ROLE_REFUSAL, vllm_lora_policy_map
 
             if cfg.sharing == "per-role":
                 raise ValueError(PER_ROLE_REFUSAL)
             lora = cfg.sharing == "lora"  # one engine, a LoRA adapter per role (agents.vllm)
             kwargs: dict[str, Any] = {}
             if lora:
-                kwargs.update(lora_rank=cfg.lora_rank, max_loras=len(trainer.roles))
+                kwargs.update(lora_rank=cfg.lora_rank, max_loras=len(host.roles))
             if self.dist.enabled:
                 # one engine per rank that joins the launcher's process group (vLLM's external_launcher,
                 # as verl and TRL colocate): vLLM's default executor would build a world of one inside an
                 # initialised group of world_size ranks and fail; building the engines is collective
                 kwargs["distributed_executor_backend"] = "external_launcher"
-            engine = self.engine = VLLMPolicy(
-                trainer.model_path,
+            engine = self.engine = local_engine(
+                "vllm",
+                host.model_path,
                 dtype=cfg.dtype,
                 seed=cfg.seed,
                 gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
@@ -192,11 +219,11 @@ class ScaleOut:
                 **kwargs,
             )
             if cfg.vllm_sleep and not engine.sleep_mode:
-                trainer.log("vLLM: no sleep mode in this build (CPU): the engine stays awake in updates")
+                host.log("vLLM: no sleep mode in this build (CPU): the engine stays awake in updates")
             policies = self.rollout_policies = (
-                vllm_lora_policy_map(engine, trainer.roles)
+                vllm_lora_policy_map(engine, host.roles)
                 if lora
-                else PolicyMap.shared(engine, trainer.roles)
+                else PolicyMap.shared(engine, host.roles)
             )
         if cfg.backend == "openai":  # a vLLM server: a LoRA adapter per role, pushed over HTTP
             from learners.served import ServedAdapters, served_rollout_policies
@@ -204,7 +231,7 @@ class ScaleOut:
             self.served = ServedAdapters(os.path.join(cfg.out_dir, "served-adapters"))
             policies = self.rollout_policies = served_rollout_policies(
                 str(cfg.base_url),
-                trainer.roles,
+                host.roles,
                 max_concurrency=cfg.served_concurrency,
                 timeout=cfg.served_timeout,
                 extra_body=cfg.served_sampling,
@@ -255,7 +282,7 @@ class ScaleOut:
             when="before training (probe: one episode)",
             sent=request_sampling(self.cfg.served_sampling),
         )
-        self.trainer.log(
+        self.host.log(
             f"served log-probs probe: mean |server - learner| {out['mean_abs']:.2e} per token (max "
             f"{out['max_abs']:.2e}) over {int(out['tokens'])} tokens of {int(out['rows'])} rows, within "
             f"--logprob-tolerance {self.cfg.logprob_tolerance:g}"
@@ -264,8 +291,8 @@ class ScaleOut:
 
     def sync_weights(self) -> None:
         """Push the learner's weights to the rollout engine when its version moved (no-op in-process)."""
-        trainer = self.trainer
-        versions = [int(p.policy_version) for p in trainer.policies.policies]
+        host = self.host
+        versions = [int(p.policy_version) for p in host.policies.policies]
         if self.fsdp:  # gathering is collective: every rank, also one without a rollout engine
             if self._synced != versions:
                 self._sync_full_weights(versions)
@@ -278,15 +305,15 @@ class ScaleOut:
 
             # vLLM workers of a bf16 run hold bf16 weights: ship them as such (half the bytes)
             engine_dtype = torch.bfloat16 if self.cfg.backend == "vllm" and self.cfg.dtype == "bfloat16" else None
-            self.pool.load_weights(model_states(trainer.policies, dtype=engine_dtype), versions)
+            self.pool.load_weights(model_states(host.policies, dtype=engine_dtype), versions)
         if self.rollout_policies is not None and self.cfg.backend == "openai":
-            self.served.sync(self.rollout_policies, trainer.policies, force=self._synced is None)
+            self.served.sync(self.rollout_policies, host.policies, force=self._synced is None)
         elif self.rollout_policies is not None:
             from agents.vllm import sync_rollout_engine
 
             # shared: the full weights; sharing=lora: each role's adapter whose version moved (all of
             # them at the first sync: the engine starts from the checkpoint on disk)
-            sync_rollout_engine(self.rollout_policies, trainer.policies, force=self._synced is None)
+            sync_rollout_engine(self.rollout_policies, host.policies, force=self._synced is None)
         self._synced = versions
 
     # ------------------------------------------------------------------ off-policy corrections
@@ -324,14 +351,14 @@ class ScaleOut:
         ``rollout/tis_weight_mean``, ``rollout/tis_capped_frac`` and ``rollout/tis_ess`` (over loss
         tokens at token level, over rows otherwise).
         """
-        trainer, cfg = self.trainer, self.cfg
+        host, cfg = self.host, self.cfg
         for r in batch.rows:  # e.g. a server that returned text without token ids (agents.openai_policy)
             if r.meta.get("evaluation_only"):
                 raise ValueError(
                     f"these rollouts are evaluation-only and cannot train: {r.meta['evaluation_only']}"
                 )
         rows, refused = refuse_stale_events(
-            batch.rows, lambda r: int(trainer.policies[r.role].policy_version), max_lag=0
+            batch.rows, lambda r: int(host.policies[r.role].policy_version), max_lag=0
         )
         stats: dict[str, Any] = {"rollout/refused_events": float(refused)}
         if refused:
@@ -399,11 +426,11 @@ class ScaleOut:
         """
         rows = list(rows)
         if not self.dist.enabled or self.fsdp or not rows:
-            return self.trainer.old_logprobs(rows)
+            return self.host.old_logprobs(rows)
         a, b = token_shares([len(r.prompt_ids) + len(r.response_ids) for r in rows], self.dist.world_size)[
             self.dist.rank
         ]
-        mine = self.trainer.old_logprobs(rows[a:b]) if b > a else []
+        mine = self.host.old_logprobs(rows[a:b]) if b > a else []
         return [lp for share in all_gather_objects(mine, self.dist) for lp in share]
 
     # ------------------------------------------------------------------ data parallelism
@@ -431,7 +458,7 @@ class ScaleOut:
     def shard_models(self) -> None:
         """``fully_shard`` every distinct policy model (FSDP2 only; before the optimizer is built)."""
         if self.fsdp:
-            for pol in self.trainer._distinct_models():
+            for pol in self.host.distinct_models():
                 fsdp2_shard(pol.model)
 
     def agree_count(self, n: int) -> int:
@@ -454,7 +481,7 @@ class ScaleOut:
         """
         if not self.fsdp:
             return list(chunks)
-        models = self.trainer._distinct_models()
+        models = self.host.distinct_models()
         slot = {id(pol.model): i for i, pol in enumerate(models)}
         mine: list[list[tuple[Any, list[int] | None]]] = [[] for _ in models]
         for pol, idx in chunks:
@@ -468,7 +495,7 @@ class ScaleOut:
 
     def dummy_inputs(self) -> dict[str, torch.Tensor]:
         """A one-token input for a lockstep forward (see :meth:`forward_plan`)."""
-        device = self.trainer.device
+        device = self.host.device
         return {
             "input_ids": torch.zeros(1, 1, dtype=torch.long, device=device),
             "attention_mask": torch.ones(1, 1, dtype=torch.long, device=device),
@@ -476,11 +503,11 @@ class ScaleOut:
 
     def model_states(self) -> dict[str, dict[str, torch.Tensor]]:
         """Full weights of every distinct model (``model<i>``); collective under FSDP2."""
-        return {f"model{i}": full_model_state(p.model) for i, p in enumerate(self.trainer._distinct_models())}
+        return {f"model{i}": full_model_state(p.model) for i, p in enumerate(self.host.distinct_models())}
 
     def load_model_states(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
         """Load full weights (a checkpoint's, any world size) into the learner's models."""
-        for tensors, pol in zip(states.values(), self.trainer._distinct_models(), strict=True):
+        for tensors, pol in zip(states.values(), self.host.distinct_models(), strict=True):
             load_full_model_state(pol.model, dict(tensors))
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -498,7 +525,7 @@ class ScaleOut:
         other ranks get ``[]``.
         """
         if not self.fsdp:
-            return self.trainer._distinct_models()
+            return self.host.distinct_models()
         from agents.ray_rollout import distinct_models, load_model_states
 
         self.sync_weights()
@@ -512,16 +539,15 @@ class ScaleOut:
         return distinct_models(copy)
 
     def _policy_factory(self) -> Any:
-        from agents.ray_rollout import HFPolicyFactory
-
-        cfg, trainer = self.cfg, self.trainer
-        return HFPolicyFactory(
-            trainer.model_path,
-            tuple(trainer.roles),
-            cfg.sharing,
-            cfg.lora_rank,
-            device=str(trainer.device),
-            dtype="float64" if cfg.dtype == "float64" else "float32",
+        cfg, host = self.cfg, self.host
+        return engine_factory(
+            "hf",
+            host.model_path,
+            host.roles,
+            sharing=cfg.sharing,
+            lora_rank=cfg.lora_rank,
+            device=str(host.device),
+            dtype=_master_dtype(cfg.dtype),
         )
 
     def _sync_full_weights(self, versions: list[int]) -> None:

@@ -21,6 +21,13 @@ Per iteration:
    iterations, and a checkpoint (weights, optimizer, scheduler, RNG states, iteration) that
    ``resume`` continues from bit-identically on CPU.
 
+Where the parts live (each built here with its own sections of the config, :mod:`learners.config`):
+the rollouts of step 1 in :mod:`learners.rollout_phase`, steps 2-3 in :mod:`learners.update` (the
+public step is :meth:`Trainer.update`), the forwards and ``pi_old`` in :mod:`learners.forward`, the
+metrics file, checkpoints and export of step 4 in :mod:`learners.run_state`, and the process layout
+and rollout engine in :mod:`learners.scale` (which sees the trainer only through
+:class:`learners.scale.ScaleHost`). This module keeps the config, the wiring and the loop.
+
 The algorithms (:data:`learners.algorithms.ALGORITHMS`: srpo, grpo, dr-grpo, gspo, dr-mas, at-grpo,
 rloo, mappo) differ only in the estimator / loss / defaults they name; the loop never branches on
 the name. Everything random is seeded from ``(seed, iteration)``, so a resumed run replays exactly
@@ -30,12 +37,10 @@ what the uninterrupted run would have done.
 from __future__ import annotations
 
 import copy
-import math
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -43,50 +48,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.hf import (
-    HFPolicy,
-    adapter_scope,
-    default_lora_config,
-    enable_gradient_checkpointing,
-    lora_policy_map,
-)
+from agents.hf import HFPolicy, default_lora_config, enable_gradient_checkpointing, lora_policy_map
 from agents.model_source import resolve_model
 from agents.policy import PolicyMap, SamplingParams
-from agents.rollout import RolloutBatch, merge_batches
+from agents.rollout import RolloutBatch
 from learners import checkpoint as ckpt
 from learners import config as config_sections
 from learners import guard
-from learners.advantages import ADV_SCALES, AdvantageConfig, AdvantageResult, get_adv_estimator
+from learners.advantages import ADV_SCALES, get_adv_estimator
 from learners.algorithms import ALGORITHMS, Algorithm, get_algorithm  # noqa: F401 (re-exported)
-from learners.batching import (
-    Batch,
-    EventTable,
-    MiniBatch,
-    build_event_table,
-    collate,
-    event_minibatches,
-    gather_response_logprobs,
-    micro_batch_bounds,
-    prefix_micro_batches,
-)
 from learners.critic import ValueCritic
-from learners.diagnostics import GradingMonitor, k_stats
-from learners.distributed import DP_ENGINES, all_gather_objects, all_reduce_sum, broadcast_object
-from learners.dynamic_sampling import FILTER_SIGNALS, FilterStats, informative_groups, select_groups
-from learners.losses import (
-    AGG_MODES,
-    EVENT_NORMS,
-    LossConfig,
-    entropy_from_logits,
-    get_policy_loss,
-    kl_k3,
-    loss_denominator,
-    masked_sum,
-    value_loss,
-)
-from learners.prefix import pack_rows, packed_logprobs
+from learners.diagnostics import GradingMonitor
+from learners.distributed import DP_ENGINES, broadcast_object
+from learners.dynamic_sampling import FILTER_SIGNALS
+from learners.forward import PolicyForward, generation_autocast
+from learners.losses import AGG_MODES, EVENT_NORMS, get_policy_loss
+from learners.rollout_phase import RolloutPhase
+from learners.run_state import RunState
 from learners.scale import BACKENDS, TIS_MODES, ScaleOut
-from learners.tracking import MultiTracker, flatten_config, open_trackers, parse_loggers
+from learners.tracking import flatten_config, open_trackers, parse_loggers
+from learners.update import PolicyUpdate
 
 #: SRPO set normalisations (``k1``: every output its own event, a response-level update).
 SRPO_NORMS = tuple(EVENT_NORMS)
@@ -436,10 +417,6 @@ class TrainConfig:
 _FALLBACKS: dict[str, Any] = {"agg": "token-mean", "adv_scale": "std", "clip_eps": 0.2}
 
 
-def _iteration_seed(seed: int, iteration: int, salt: int = 0) -> int:
-    return int(np.random.SeedSequence([seed, iteration, salt]).generate_state(1)[0])
-
-
 def resolve_device(device: str) -> torch.device:
     """``auto`` -> ``cuda`` when available else ``cpu``; ``cuda[:i]`` must be available."""
     if device == "auto":
@@ -450,42 +427,17 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def generation_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype the learner's own rollouts (``backend=hf``) generate under: bf16 for a
-    ``dtype=bfloat16`` run on a GPU (the weights stay float32 masters; decoding in float32 would take
-    about twice the time and KV-cache memory), else None. On CPU the rollouts stay float32: bf16 CPU
-    kernels are no faster there, and float32 keeps the CPU runs' rollouts as they were."""
-    return torch.bfloat16 if dtype == "bfloat16" and device.type == "cuda" else None
-
-
-@contextmanager
-def _train_mode(model: torch.nn.Module, on: bool) -> Iterator[None]:
-    """``model.train()`` for the duration when ``on`` (transformers applies gradient checkpointing
-    only in training mode); restores every submodule's previous mode.
-
-    Every module, not the root's flag: a freshly wrapped ``PeftModel`` is in training mode around a base
-    model in eval mode, and deciding by the root alone left its layers in eval mode, i.e. silently
-    without checkpointing until a generation had called ``train()`` on the whole tree."""
-    if not on:
-        yield
-        return
-    modules = list(model.modules())
-    modes = [m.training for m in modules]
-    if all(modes):
-        yield
-        return
-    model.train()
-    try:
-        yield
-    finally:
-        for m, mode in zip(modules, modes, strict=True):
-            m.training = mode
-
-
 class Trainer:
     """Runs :class:`TrainConfig`; see the module docstring for the loop."""
 
-    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] | None = print) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        log: Callable[[str], None] | None = print,
+        start_from: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Build the run of ``cfg``; ``start_from``: a run or checkpoint directory whose checkpoint this
+        trainer continues (:meth:`resume_from`), else iteration 0 (see also :meth:`continue_from`)."""
         import srpo_envs
 
         self.cfg = cfg
@@ -552,12 +504,46 @@ class Trainer:
             )
             self.critic.to(device=self.device, dtype=self.param_dtype)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
-        #: the critic's values of the current batch's events (its "old" values for the value clip)
-        self._event_values: torch.Tensor | None = None
         self.iteration = 0
-        self.nonfinite_steps = 0  # optimizer steps skipped for a non-finite loss/gradient (whole run)
-        self._nonfinite_streak = 0
-        self._tracker: MultiTracker | None = None  # open during train() (learners.tracking)
+        # The rooms, each with its own sections of the config (learners.config), never the whole of it:
+        #: the training forwards and pi_old ([policy], [update], the rollouts' temperature)
+        self.forward = PolicyForward(
+            self.policies, self.scale, self.device, self.param_dtype,
+            cfg.policy, cfg.update, cfg.rollout.temperature, ref_models=self.ref_models,
+        )  # fmt: skip
+        #: the update step ([update], [critic], [guard], the run's seed)
+        self.updater = PolicyUpdate(
+            self.forward, self.scale, self.policies, self.params, self.optimizer, self.scheduler,
+            self.critic, self.critic_optimizer, update=cfg.update, critic_cfg=cfg.critic, guard=cfg.guard,
+            seed=cfg.seed, norm_len=cfg.rollout.max_new_tokens, out_dir=str(self.out),
+        )  # fmt: skip
+        #: an iteration's rollouts incl. dynamic sampling ([rollout], the run's seed)
+        self.rollout_phase = RolloutPhase(self.scale, self.collector, self.n_train_tasks, cfg.rollout, cfg.seed)
+        #: metrics file, checkpoints and export of out_dir
+        self.run_state = RunState(
+            self.out, self.scale, self.policies, self.optimizer, self.scheduler,
+            self.critic, self.critic_optimizer, log=self.log,
+        )  # fmt: skip
+        if start_from is not None:
+            self.resume_from(start_from)
+
+    def reconfigure(self, **changes: Any) -> None:
+        """Change config fields of a built trainer (tests, experiments): the config is re-validated and
+        every part gets its new sections. Only fields its parts read after construction take effect
+        (batching, loss, forward and TIS settings); the model, sharing and optimizers stay as built."""
+        self.cfg = replace(self.cfg, **changes)
+        self.scale.cfg = self.cfg
+        cfg = self.cfg
+        self.forward.configure(cfg.policy, cfg.update, cfg.rollout.temperature)
+        self.updater.configure(cfg.update, cfg.critic, cfg.guard, cfg.rollout.max_new_tokens)
+        self.rollout_phase.rollout = cfg.rollout
+
+    def distinct_models(self) -> list[HFPolicy]:
+        """One policy per distinct model object (LoRA views of one base count once)."""
+        seen: dict[int, HFPolicy] = {}
+        for pol in self.policies.policies:
+            seen.setdefault(id(pol.model), pol)
+        return list(seen.values())
 
     # ------------------------------------------------------------------ policies
     def _build_policies(self) -> PolicyMap:
@@ -606,446 +592,32 @@ class Trainer:
         total = torch.cuda.get_device_properties(self.device).total_memory
         self.log(check_memory(plan_memory(shape, options, total), refuse=self.cfg.memory_check))
 
-    def _distinct_models(self) -> list[HFPolicy]:
-        """One policy per distinct model object (LoRA views of one base count once)."""
-        seen: dict[int, HFPolicy] = {}
-        for pol in self.policies.policies:
-            seen.setdefault(id(pol.model), pol)
-        return list(seen.values())
-
     def _model_states(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Weights of every distinct model (``model<i>`` in :meth:`_distinct_models` order)."""
+        """Weights of every distinct model (``model<i>`` in :meth:`distinct_models` order)."""
         return {
             f"model{i}": {k: v.detach().clone() for k, v in pol.model.state_dict().items()}
-            for i, pol in enumerate(self._distinct_models())
+            for i, pol in enumerate(self.distinct_models())
         }
 
-    # ------------------------------------------------------------------ advantages
-    def _advantages(self, table: EventTable) -> AdvantageResult:
-        """Per-row advantages from the estimator the algorithm names (critic values if it has one)."""
-        cfg = self.cfg
-        values = None
-        if self.critic is not None:
-            texts = [r.state_text for r in table.first_rows()]
-            values = torch.zeros(len(texts), dtype=torch.float64)
-            with torch.no_grad():
-                for idx in self.critic.token_chunks(texts, cfg.max_tokens_per_microbatch):
-                    values[idx] = self.critic([texts[i] for i in idx]).double().cpu()
-        self._event_values = values
-        estimator = get_adv_estimator(cfg.derived.adv_estimator)
-        adv_cfg = AdvantageConfig(scale=cfg.derived.adv_scale, gamma=cfg.critic.gamma, gae_lambda=cfg.critic.gae_lambda)
-        return estimator(table, adv_cfg, values)
-
-    def _loss_config(self, denominator: float | None = None) -> LossConfig:
-        update = self.cfg.update  # the [update] section with its resolved clip range and aggregation
-        return LossConfig(
-            clip_eps=update.clip_range[0],
-            clip_eps_high=update.clip_range[1],
-            norm=update.norm,
-            agg=update.agg,
-            norm_len=self.cfg.rollout.max_new_tokens,
-            denominator=denominator,
-        )
-
-    # ------------------------------------------------------------------ update
-    def _autocast(self) -> Any:
-        if self.cfg.dtype == "bfloat16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return nullcontext()
-
-    def _policy_logprobs(
-        self, rows: list[Any], batch: Batch, extras: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """``[R, T]`` log-probs of ``batch`` under the current policies, entropy and reference
-        log-probs (None unless the entropy bonus / KL is on and ``extras``). ``rows`` are ``batch``'s rows."""
-        cfg = self.cfg
-        batch_t = batch.response_width
-        groups: dict[int, tuple[HFPolicy, list[int]]] = {}
-        for i, r in enumerate(rows):
-            pol = self.policies[r.role]
-            groups.setdefault(id(pol), (pol, []))[1].append(i)
-        chunks: list[tuple[HFPolicy, list[int]]] = []
-        for pol, idx in groups.values():
-            # Length-sorted chunks: proposer prompts are short, aggregator prompts hold every candidate;
-            # padding them to one width would multiply the forward cost (and memory) by the ratio.
-            idx = sorted(idx, key=lambda i: (len(rows[i].prompt_ids), len(rows[i].response_ids)))
-            step = len(idx) if cfg.prefix_tree else cfg.forward_rows  # a tree packs its own sequences
-            chunks.extend((pol, idx[j : j + step]) for j in range(0, len(idx), step))
-        logprobs = entropy = ref = pad = None
-        shape = (len(rows), batch_t)
-        for pol, idx in self.scale.forward_plan(chunks):  # FSDP2: padded to the ranks' common plan
-            if idx is None:
-                lock = self._lockstep_forward(pol)
-                pad = lock if pad is None else pad + lock
-                continue
-            if cfg.prefix_tree:
-                lp, ent, ref_lp = self._tree_logprobs(pol, [rows[i] for i in idx], extras)
-            else:
-                lp, ent, ref_lp = self._chunk_logprobs(pol, batch.take(idx), extras)
-            t = lp.shape[1]
-            index = torch.tensor(idx, device=lp.device)
-            if logprobs is None:
-                logprobs = torch.zeros(shape, dtype=lp.dtype, device=lp.device)
-            logprobs = logprobs.index_put((index,), torch.nn.functional.pad(lp, (0, batch_t - t)))
-            if ent is not None:
-                if entropy is None:
-                    entropy = torch.zeros(shape, dtype=ent.dtype, device=ent.device)
-                entropy = entropy.index_put((index,), torch.nn.functional.pad(ent, (0, batch_t - t)))
-            if ref_lp is not None:
-                if ref is None:
-                    ref = torch.zeros(shape, dtype=ref_lp.dtype, device=ref_lp.device)
-                ref = ref.index_put((index,), torch.nn.functional.pad(ref_lp, (0, batch_t - t)))
-        assert logprobs is not None
-        if pad is not None:  # + 0: ties the lockstep forwards into this micro-batch's backward
-            logprobs = logprobs + pad
-        return logprobs, entropy, ref
-
-    def _chunk_logprobs(
-        self, pol: HFPolicy, sub: Batch, extras: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """One padded per-row forward: ``[n, t]`` log-probs, entropy and reference log-probs (or None)."""
-        cfg = self.cfg
-        t = sub.response_width
-        with (
-            adapter_scope(pol.model, pol.adapter_name),
-            self._autocast(),
-            _train_mode(pol.model, cfg.gradient_checkpointing),
-        ):
-            logits = pol.model(**sub.model_inputs(), logits_to_keep=t + 1).logits
-        lp = gather_response_logprobs(logits, sub, cfg.temperature)
-        ent = ref_lp = None
-        if cfg.entropy_coef > 0 and extras:
-            ent = entropy_from_logits(logits[:, -t - 1 : -1] / max(cfg.temperature, 1e-6))
-        if cfg.kl_coef > 0 and extras:
-            with torch.no_grad(), adapter_scope(pol.model, pol.adapter_name), self._autocast():
-                ref_logits = self.ref_models[id(pol.model)](**sub.model_inputs(), logits_to_keep=t + 1).logits
-            ref_lp = gather_response_logprobs(ref_logits, sub, cfg.temperature)
-        return lp, ent, ref_lp
-
-    def _tree_logprobs(
-        self, pol: HFPolicy, rows: list[Any], extras: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """:meth:`_chunk_logprobs` through one prefix-tree forward of ``rows`` (``prefix_tree``):
-        ``[n, t]`` with ``t`` their longest response, 0 past each row's response."""
-        cfg = self.cfg
-        packed = pack_rows(
-            [r.prompt_ids for r in rows], [r.response_ids for r in rows], pol.pad_id, cfg.pack_len
-        )
-        with (
-            adapter_scope(pol.model, pol.adapter_name),
-            self._autocast(),
-            _train_mode(pol.model, cfg.gradient_checkpointing),
-        ):
-            lp, _, ent = packed_logprobs(
-                pol.model,
-                [],
-                [],
-                cfg.temperature,
-                with_entropy=cfg.entropy_coef > 0 and extras,
-                packed=packed,
-            )
-        ref_lp = None
-        if cfg.kl_coef > 0 and extras:
-            with torch.no_grad(), adapter_scope(pol.model, pol.adapter_name), self._autocast():
-                ref_lp = packed_logprobs(
-                    self.ref_models[id(pol.model)], [], [], cfg.temperature, packed=packed
-                )[0]
-        return lp, ent, ref_lp
-
+    # ------------------------------------------------------------------ forwards and the update
     def old_logprobs(self, rows: list[Any]) -> list[list[float]]:
-        """``pi_old``: each row's response-token log-probs under the current weights, computed by the
-        training forward itself (:meth:`_policy_logprobs`: the same autocast, temperature, length
-        bucketing and prefix packing), without gradient, in chunks of ``max_tokens_per_microbatch``.
+        """``pi_old`` of ``rows`` in batch order by the training forward (:meth:`PolicyForward.old_logprobs`)."""
+        return self.forward.old_logprobs(rows)
 
-        Why not the sampler's log-probs or a separate float32 pass: the PPO ratio divides the training
-        forward's log-probs by these, so any numerical difference (another engine, bf16 autocast vs the
-        float32 sampler) would show up as a ratio != 1 before the first optimizer step and be clipped
-        as if the policy had moved; computed this way the first ratio is exactly 1 wherever a training
-        micro-batch forwards the same rows as a chunk here (bit-identical kernels and inputs).
-        """
-        pad_id = self.policies.policies[0].pad_id
-        out: list[list[float]] = [[] for _ in rows]
-        bounds = micro_batch_bounds(rows, torch.arange(len(rows)), self.cfg.max_tokens_per_microbatch)
-        with torch.no_grad():
-            for a, b in bounds:
-                part = list(rows[a:b])
-                if not any(r.response_ids for r in part):  # nothing to score (collate needs a token)
-                    continue
-                batch = collate(part, pad_id, dtype=self.param_dtype).to(self.device)
-                lp = self._policy_logprobs(part, batch, extras=False)[0].double().cpu()
-                for i, r in enumerate(part):
-                    out[a + i] = lp[i, : len(r.response_ids)].tolist()
-        return out
+    def update(self, batch: RolloutBatch, iteration: int) -> dict[str, Any]:
+        """Train on ``batch`` as iteration ``iteration``: advantages once, then ``epochs`` x minibatches of
+        (micro-batched) loss and one optimizer step each (:meth:`learners.update.PolicyUpdate.update`);
+        returns the iteration's ``actor/...``, ``critic/...`` and ``rollout/...`` metrics. ``iteration``
+        seeds the minibatch shuffles (what the loop passes: the iteration being trained, from 1); after
+        it the trainer is at ``iteration`` (a checkpoint saved then records it)."""
+        stats = self.updater.update(batch, iteration)
+        self.iteration = iteration
+        return stats
 
-    def _lockstep_forward(self, pol: HFPolicy) -> torch.Tensor:
-        """A forward FSDP2 needs from this rank to match the others (:meth:`ScaleOut.forward_plan`):
-        a one-token input under the same contexts as a real chunk, returned as ``0 * logits.sum()``
-        so that its backward issues the model's collectives and adds exactly zero gradient."""
-        with (
-            adapter_scope(pol.model, pol.adapter_name),
-            self._autocast(),
-            _train_mode(pol.model, self.cfg.gradient_checkpointing),
-        ):
-            logits = pol.model(**self.scale.dummy_inputs(), logits_to_keep=1).logits
-        return logits.sum() * 0
-
-    def _rows_per_batch(self, table: EventTable) -> int:
-        """``rows_per_batch``, or the size that splits the batch into ``minibatches_per_iter``."""
-        rows = sum(len(r) for r, ok in zip(table.event_rows, table.complete, strict=True) if ok)
-        return self.cfg.update.rows_per_minibatch(rows)
-
-    def _rollouts(self, it: int) -> tuple[RolloutBatch, RolloutBatch, FilterStats | None]:
-        """Iteration ``it``'s rollouts: (every episode generated, the batch the update trains on, what
-        dynamic sampling did). Without ``filter_groups`` both batches are the one collected batch; with
-        it, batches of ``tasks_per_iter`` further tasks of the iteration's pool (drawn without
-        replacement) are rolled out until ``tasks_per_iter`` informative groups are kept or
-        ``max_gen_batches`` batches were generated."""
-        rollout, seed = self.cfg.rollout, self.cfg.seed  # the [rollout] section alone, and the run's seed
-        rng = np.random.default_rng(_iteration_seed(seed, it, 0))
-        if not rollout.filter_groups:
-            tasks = rng.choice(
-                self.n_train_tasks, size=min(rollout.tasks_per_iter, self.n_train_tasks), replace=False
-            )
-            batch = self.scale.collect(
-                self.collector,
-                sorted(int(t) for t in tasks),
-                rollout.group_size,
-                _iteration_seed(seed, it, 99),
-            )
-            return batch, batch, None
-        pool = rng.permutation(self.n_train_tasks)[: rollout.tasks_per_iter * rollout.max_gen_batches]
-        generated: list[RolloutBatch] = []
-        kept: list[RolloutBatch] = []
-        filtered = FilterStats()
-        for b in range(rollout.max_gen_batches):
-            tasks = pool[b * rollout.tasks_per_iter : (b + 1) * rollout.tasks_per_iter]
-            if len(tasks) == 0 or filtered.groups_kept >= rollout.tasks_per_iter:
-                break
-            batch = self.scale.collect(
-                self.collector,
-                sorted(int(t) for t in tasks),
-                rollout.group_size,
-                _iteration_seed(seed, it, 99 + b),
-            )
-            generated.append(batch)
-            groups = informative_groups(batch, rollout.filter_signal)[: rollout.tasks_per_iter - filtered.groups_kept]
-            kept.append(select_groups(batch, groups))
-            filtered.gen_batches += 1
-            filtered.groups_generated += len({r.group_id for r in batch.rows})
-            filtered.groups_kept += len(groups)
-        return merge_batches(generated), merge_batches(kept), filtered
-
-    def _update(self, batch: RolloutBatch, iteration: int) -> dict[str, Any]:
-        """Advantages once, then ``epochs`` x minibatches of (micro-batched) loss and one step each."""
-        cfg = self.cfg
-        loss_fn = get_policy_loss(cfg.derived.policy_loss)
-        unit = loss_fn.unit(self._loss_config())
-        # [R, T] TIS weights (per token, or a row's / an event's weight on its tokens) reach the loss as
-        # LossConfig.token_weights: each row its own, in every loss; an event weight of an event loss
-        # (SRPO) on the scale of its clipped ratio, c(K) of its set normalisation
-        batch, token_weights, prep_stats = self.scale.prepare(
-            batch,
-            ratio_level=loss_fn.ratio_level(self._loss_config()),
-            norm=cfg.norm if unit in ("events", "members") else "sum",
-            pi_old=lambda rows: self._composed_old_logprobs(rows, iteration),
-        )
-        table = build_event_table(batch.rows)
-        adv = self._advantages(table)
-        stats: dict[str, list[float]] = {}
-        dropped = 0
-        skipped_before = self.nonfinite_steps
-        for epoch in range(cfg.epochs):
-            mbs = event_minibatches(
-                table,
-                rows_per_batch=self._rows_per_batch(table),
-                seed=_iteration_seed(cfg.seed, iteration, 1 + epoch),
-            )
-            dropped = mbs.dropped_events
-            for mb in mbs:
-                st = self._minibatch_step(mb, table, adv, loss_fn, unit, token_weights)
-                if self.critic is not None:
-                    st.update(self._critic_step(mb, table, adv))
-                for k, v in st.items():
-                    stats.setdefault(k, []).append(float(v))
-        for pol in self.policies.policies:
-            pol.bump_version()
-        # Per-minibatch diagnostics averaged over the iteration's optimizer steps, namespaced by who
-        # produced them; K statistics describe the rollout batch (not a minibatch).
-        out: dict[str, Any] = {}
-        for k, v in stats.items():
-            if k in ("mean_k", "max_k"):
-                continue
-            out[k if "/" in k else f"actor/{k}"] = float(np.mean(v))
-        out.update(adv.stats)
-        out.update(prep_stats)
-        out.update(k_stats(table))  # mean_k, max_k, k_hist, and the multi-member-only view
-        out["rollout/events_dropped"] = float(dropped)
-        out["actor/nonfinite_steps"] = float(self.nonfinite_steps - skipped_before)
-        return out
-
-    def _micro_batches(
-        self, mb: MiniBatch, full: Batch, collate: Callable[[MiniBatch], Batch]
-    ) -> tuple[MiniBatch, Batch, list[list[int]], int]:
-        """The composition one minibatch trains in: ``(this rank's shard, its collated batch, its
-        micro-batches as row indices into the shard, the number of micro-batches every rank runs)``.
-        ``full``: ``collate(mb)``. One function for :meth:`_minibatch_step` and :meth:`_composed_old_logprobs`,
-        so ``pi_old`` is computed in exactly the forwards training makes."""
-        if self.dist.enabled:  # normalisers span the whole minibatch; this rank computes its shard
-            mb = self.scale.shard(mb)
-            if mb.num_rows:  # a rank without an event still joins the gradient all-reduce (zeros)
-                full = collate(mb)
-        budget = self.cfg.max_tokens_per_microbatch
-        if self.cfg.prefix_tree:  # events sharing prefixes together, the budget in prefix-tree nodes
-            bounds = prefix_micro_batches(mb.rows, mb.event_index, budget)
-        else:
-            bounds = [list(range(a, b)) for a, b in micro_batch_bounds(mb.rows, mb.event_index, budget)]
-        bounds = bounds if mb.num_rows else []
-        n_micro = self.scale.agree_count(len(bounds))  # FSDP2: every rank runs the most any rank has
-        return mb, full, bounds, n_micro
-
-    def _composed_old_logprobs(self, rows: list[Any], iteration: int) -> list[list[float]]:
-        """``pi_old`` of ``rows`` (the update's batch) from the very forwards that training will make in
-        its first epoch: the same shuffled event minibatches, data-parallel shard, micro-batches, prefix
-        packing, per-policy chunks and padding widths, without gradient, before any optimizer step.
-
-        Why: the ratio divides the training forward's log-probs by these. Recomputed in another
-        composition (batch order, other chunk widths, other packed sequences) they differ from the
-        training forward's by rounding (bf16 autocast: ~1e-3), so the first on-policy ratio was only
-        about 1 and SRPO summed that noise over an event's tokens. Computed here, every minibatch of
-        epoch 0 divides a forward by a bit-identical forward of the same weights: the first minibatch's
-        ratio is exactly 1, and a later one's moves only by the optimizer steps before it. Each rank
-        scores its shards; the results are gathered so that every rank has every row (later epochs
-        shard differently). Rows of events that no minibatch holds (incomplete ones) are scored in batch
-        order (:meth:`ScaleOut.old_logprobs`); they are never trained on.
-        """
-        cfg = self.cfg
-        table = build_event_table(rows)
-        pad_id = self.policies.policies[0].pad_id
-
-        def collate(part: MiniBatch) -> Batch:
-            return part.collate(pad_id, dtype=self.param_dtype, table=table).to(self.device)
-
-        # the minibatches of epoch 0 exactly as _update draws them (same table, size and seed)
-        mbs = event_minibatches(
-            table, rows_per_batch=self._rows_per_batch(table), seed=_iteration_seed(cfg.seed, iteration, 1)
-        )
-        mine: dict[int, list[float]] = {}
-        with torch.no_grad():
-            for whole in mbs:
-                mb, full, bounds, n_micro = self._micro_batches(whole, collate(whole), collate)
-                assert mb.row_index is not None
-                for idx in bounds:
-                    sub = full if idx == list(range(full.num_rows)) else full.take(idx)
-                    lp = self._policy_logprobs([mb.rows[i] for i in idx], sub, extras=False)[0]
-                    lp = lp.double().cpu()
-                    for j, i in enumerate(idx):
-                        mine[int(mb.row_index[i])] = lp[j, : len(mb.rows[i].response_ids)].tolist()
-                for _ in range(n_micro - len(bounds)):  # FSDP2 lockstep, as in _minibatch_step
-                    for pol, _ in self.scale.forward_plan([]):
-                        self._lockstep_forward(pol)
-        if self.dist.enabled:
-            mine = {i: lp for part in all_gather_objects(mine, self.dist) for i, lp in part.items()}
-        rest = [i for i in range(len(rows)) if i not in mine]  # the same on every rank (same table)
-        if rest:
-            mine.update(zip(rest, self.scale.old_logprobs([rows[i] for i in rest]), strict=True))
-        return [mine[i] for i in range(len(rows))]
-
-    def _minibatch_step(
-        self,
-        mb: MiniBatch,
-        table: EventTable,
-        adv: AdvantageResult,
-        loss_fn: Any,
-        unit: str,
-        token_weights: torch.Tensor | None = None,
-    ) -> dict[str, float]:
-        """Collate once, backward per event-atomic micro-batch with the whole minibatch's
-        normaliser (so the accumulated gradient equals the one-big-batch gradient), one step.
-        ``token_weights``: table-wide ``[R, T]`` per-token loss weights (token-level TIS) or None."""
-        cfg = self.cfg
-        pad_id = self.policies.policies[0].pad_id
-
-        def collate(part: MiniBatch) -> Batch:
-            return part.collate(
-                pad_id,
-                dtype=self.param_dtype,
-                table=table,
-                advantages=adv.advantages,
-                token_weights=token_weights,
-            ).to(self.device)
-
-        full = collate(mb)
-        loss_cfg = self._loss_config(loss_denominator(unit, full.response_mask, full.event_index))
-        tokens = loss_denominator("tokens", full.response_mask)
-        mb, full, bounds, n_micro = self._micro_batches(mb, full, collate)
-        self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        micro: list[dict[str, float]] = []
-        for idx in bounds:
-            sub = full if idx == list(range(full.num_rows)) else full.take(idx)
-            lp, ent, ref = self._policy_logprobs([mb.rows[i] for i in idx], sub)
-            mask = sub.response_mask
-            assert sub.advantages is not None and sub.event_index is not None
-            sub_cfg = (
-                loss_cfg if sub.token_weights is None else replace(loss_cfg, token_weights=sub.token_weights)
-            )
-            loss, st = loss_fn(lp, sub.old_logprobs, mask, sub.advantages, sub.event_index, sub_cfg)
-            if ref is not None:
-                kl = masked_sum(kl_k3(lp, ref), mask) / max(tokens, 1.0)
-                loss = loss + cfg.kl_coef * kl
-                st["kl_ref"] = float(kl.detach())
-            if ent is not None:
-                entropy = masked_sum(ent, mask) / max(tokens, 1.0)
-                loss = loss - cfg.entropy_coef * entropy
-                st["entropy"] = float(entropy.detach())
-            loss.backward()
-            total += float(loss.detach())
-            micro.append(st)
-        for _ in range(n_micro - len(bounds)):  # FSDP2 lockstep: zero-weight micro-batches
-            sum(self._lockstep_forward(pol) for pol, _ in self.scale.forward_plan([])).backward()
-        self.scale.reduce_gradients(self.params)  # sum of the ranks' shard gradients (no-op on one)
-        total = all_reduce_sum(total, self.dist)
-        grad_norm = self.scale.clip_gradients(self.params, cfg.max_grad_norm)
-        if math.isfinite(total) and math.isfinite(float(grad_norm)):
-            self.optimizer.step()
-            self.scheduler.step()  # the schedule counts steps taken; a skipped one is not
-            self._nonfinite_streak = 0
-        else:  # never let a NaN/inf reach the weights: skip the step, count it, stop if it persists
-            self._skip_nonfinite_step(total, float(grad_norm))
-        out = {k: float(np.mean([m[k] for m in micro if k in m])) for k in (micro[0] if micro else {})}
-        if "max_k" in out:
-            out["max_k"] = float(max(m["max_k"] for m in micro))
-        out.update(loss=total, grad_norm=float(grad_norm))
-        return out
-
-    def _critic_step(self, mb: MiniBatch, table: EventTable, adv: AdvantageResult) -> dict[str, float]:
-        """One value-loss step on the minibatch's events (their states, old values and returns)."""
-        assert self.critic is not None and self.critic_optimizer is not None
-        assert mb.event_pos is not None and adv.returns is not None and self._event_values is not None
-        pos = mb.event_pos
-        texts = [table.event_row(e).state_text for e in pos.tolist()]
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        stats: dict[str, float] = {}
-        # backward per token-budget chunk, each chunk's mean weighted by its share of the events: the
-        # accumulated gradient and the stats are those of the whole minibatch's mean value loss
-        for idx in self.critic.token_chunks(texts, self.cfg.max_tokens_per_microbatch):
-            values = self.critic([texts[i] for i in idx])
-            sel = pos[idx]
-            old = self._event_values[sel].to(device=values.device, dtype=values.dtype)
-            ret = adv.returns[sel].to(device=values.device, dtype=values.dtype)
-            vloss, vstats = value_loss(values, old, ret, clip_eps=self.cfg.vf_clip)
-            share = len(idx) / len(texts)
-            (vloss * share if share != 1 else vloss).backward()
-            total += float(vloss.detach()) * share
-            for k, v in vstats.items():
-                stats[k] = stats.get(k, 0.0) + float(v) * share
-        critic_norm = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm))
-        if math.isfinite(total) and math.isfinite(critic_norm):
-            self.critic_optimizer.step()
-        else:  # as for the policy: a non-finite value loss never reaches the critic's weights
-            self.critic_optimizer.zero_grad(set_to_none=True)
-        return {"critic/value_loss": total, **{f"critic/{k}": v for k, v in stats.items()}}
+    @property
+    def nonfinite_steps(self) -> int:
+        """Optimizer steps skipped for a non-finite loss or gradient (whole run)."""
+        return self.updater.nonfinite_steps
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, n: int | None = None, k: int | None = None, seed: int = 10_007) -> float:
@@ -1060,24 +632,24 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def train(self) -> list[dict[str, Any]]:
         """Run :meth:`_train_loop` with the run's trackers open (closed however the loop ends)."""
-        self._tracker = open_trackers(
+        self.run_state.tracker = open_trackers(
             (*self.cfg.logger, *(("tensorboard",) if self.cfg.tensorboard else ())), self.out,
             resume=self.iteration > 0, echo=None if self._quiet else self.log, main=self.dist.is_main,
         )  # fmt: skip
         try:
             # `section.field` keys, the paths `--set` and experiment files use; a resumed run's backends skip it
-            self._tracker.log_hparams(flatten_config(config_sections.flat_to_sections(asdict(self.cfg))))
+            self.run_state.tracker.log_hparams(flatten_config(config_sections.flat_to_sections(asdict(self.cfg))))
             return self._train_loop()
         finally:
-            self._tracker.close()
-            self._tracker = None
+            self.run_state.tracker.close()
+            self.run_state.tracker = None
 
     def _train_loop(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:  # the resolved config: `srpo train --config OUT/config.toml` reruns this run
             config_sections.write_run_config(cfg, self.out)
-        history = self._start_metrics()
+        history = self.run_state.start_metrics(self.iteration)
         grading = GradingMonitor()  # grading/... deltas per record (the first includes iteration 0's eval)
         if cfg.eval_every and self.iteration == 0 and not history:
             acc = self.evaluate()
@@ -1098,9 +670,9 @@ class Trainer:
         while self.iteration < cfg.iterations:
             it = self.iteration + 1
             t0 = time.perf_counter()
-            generated, batch, filtered = self._rollouts(it)
+            generated, batch, filtered = self.rollout_phase.run(it)
             t1 = time.perf_counter()
-            stats = self._update(batch, it) if batch.rows else {}
+            stats = self.update(batch, it) if batch.rows else {}
             t2 = time.perf_counter()
             # what the policy did: every episode rolled out this iteration, kept for the update or not
             rewards = np.array([e.reward for e in generated.episodes])
@@ -1137,79 +709,29 @@ class Trainer:
         self.scale.close()
         return history
 
-    # ------------------------------------------------------------------ persistence
-    # Formats, atomic publishing, hashing and the distributed contract live in learners.checkpoint.
+    # ------------------------------------------------------------------ run state
+    # The metrics file, checkpoints and export live in learners.run_state (formats in learners.checkpoint).
     @property
     def metrics_path(self) -> Path:
-        return self.out / "metrics.jsonl"
-
-    def _read_metrics(self) -> list[dict[str, Any]]:
-        return ckpt.read_metrics(self.metrics_path)
-
-    def _start_metrics(self) -> list[dict[str, Any]]:
-        """Metrics history at the start of :meth:`train`: empty for a fresh run, else cut to the iteration.
-
-        A fresh run (iteration 0) deletes a stale ``metrics.jsonl`` instead of appending to it, so an
-        iteration is never logged twice; a resumed run keeps only rows its checkpoint covers.
-        """
-        if self.iteration == 0:
-            stale = ckpt.reset_metrics(self.metrics_path)
-            if stale:
-                self.log(f"fresh start: removed {stale} stale rows of {self.metrics_path}")
-            return []
-        return ckpt.trim_metrics(self.metrics_path, self.iteration)
+        return self.run_state.metrics_path
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
         """One row to metrics.jsonl and the other --logger backends (outside train(): metrics.jsonl)."""
-        if self._tracker is None:
-            ckpt.append_metrics(self.metrics_path, record)
-        else:
-            self._tracker.log(record, step=int(record["iteration"]))
+        self.run_state.append_metrics(record)
 
     @property
     def checkpoint_path(self) -> Path:
         """The run's checkpoint directory (see :mod:`learners.checkpoint` for its files)."""
-        return self.out / ckpt.CHECKPOINT_DIR
+        return self.run_state.checkpoint_path
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything needed to continue bit-identically: full weights, optimizer, scheduler, RNGs."""
-        return {
-            "iteration": self.iteration,
-            "config": asdict(self.cfg),
-            "models": self.scale.model_states(),  # full tensors (gathered under FSDP2: collective)
-            "policy_versions": [p.policy_version for p in self.policies.policies],
-            "optimizer": self.scale.optimizer_state(self.optimizer),
-            "scheduler": self.scheduler.state_dict(),
-            "critic": self.critic.state_dict() if self.critic is not None else None,
-            "critic_optimizer": self.critic_optimizer.state_dict()
-            if self.critic_optimizer is not None
-            else None,
-            "rng": ckpt.capture_rng_state(),
-        }
+        return self.run_state.state(self.iteration, asdict(self.cfg))
 
     def save_checkpoint(self) -> Path | None:
         """Publish :meth:`checkpoint_state` atomically (rank 0 writes under torch.distributed); weights
         that are not finite are never written (:class:`~learners.checkpoint.NonFiniteError`)."""
-        state = self.checkpoint_state()
-        for name, tensors in state["models"].items():
-            if ckpt.nonfinite_tensors(tensors):
-                raise ckpt.NonFiniteError(
-                    f"{name} has non-finite weights; not checkpointed (the last checkpoint is kept)"
-                )
-        return ckpt.save_checkpoint(self.out, state)
-
-    def _skip_nonfinite_step(self, loss: float, grad_norm: float) -> None:
-        """Drop this minibatch's gradients instead of stepping; after ``max_nonfinite_steps`` in a row
-        raise :class:`~learners.checkpoint.NonFiniteError` (the run stops before it saves or exports)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.nonfinite_steps += 1
-        self._nonfinite_streak += 1
-        if self._nonfinite_streak >= self.cfg.max_nonfinite_steps:
-            raise ckpt.NonFiniteError(
-                f"training diverged: {self._nonfinite_streak} optimizer steps in a row had a non-finite loss "
-                f"or gradient (last: loss {loss}, grad norm {grad_norm}) at iteration {self.iteration + 1}; "
-                f"stopped without exporting; the last checkpoint in {self.out} is kept (lower --lr?)"
-            )
+        return self.run_state.save(self.checkpoint_state())
 
     def _check_divergence(self, record: dict[str, Any], history: list[dict[str, Any]]) -> None:
         """:mod:`learners.guard` on this iteration's record: a :class:`~learners.guard.DivergenceError`
@@ -1251,30 +773,35 @@ class Trainer:
                 f"checkpoint in {path or self.out} is at iteration {state['iteration']}, past --iterations "
                 f"{self.cfg.iterations}; resume with --iterations >= {state['iteration']}"
             )
-        self.scale.load_model_states(state["models"])  # full weights; each FSDP2 rank keeps its shard
-        for pol, version in zip(self.policies.policies, state["policy_versions"], strict=True):
-            pol.policy_version = version
-        self.scale.load_optimizer_state(self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])  # type: ignore[union-attr]
-        ckpt.restore_rng_state(state["rng"])
-        self.iteration = int(state["iteration"])
-        ckpt.trim_metrics(self.metrics_path, self.iteration)
+        self.iteration = self.run_state.restore(state)  # weights, optimizers, RNGs; metrics cut to it
 
     def export(self, out: str | os.PathLike[str]) -> Path:
         """``save_pretrained`` of the trained policy (one folder per distinct model)."""
-        out = Path(out)
-        models = self.scale.full_policies()  # FSDP2: unsharded copies on rank 0 (collective), else ours
-        for i, pol in enumerate(models):
-            if ckpt.nonfinite_tensors(pol.model.state_dict()):
-                raise ckpt.NonFiniteError(f"model{i} has non-finite weights; not exported to {out}")
-        for i, pol in enumerate(models):
-            target = out if len(models) == 1 else out / f"model{i}"
-            pol.model.save_pretrained(target)
-            pol.tokenizer.save_pretrained(target)
-        return out
+        return self.run_state.export(out)
+
+    # ------------------------------------------------------------------ where a run starts
+    def resume_from(self, path: str | os.PathLike[str] | None = None) -> None:
+        """Continue a checkpointed run: :meth:`load_checkpoint` of ``path`` (a run or checkpoint
+        directory; by default this run's ``out_dir``); :meth:`train` then goes on from its iteration."""
+        self.load_checkpoint(path)
+
+    def start_fresh(self) -> None:
+        """A fresh run in ``out_dir``: a previous checkpoint and metrics file there are removed, so neither
+        is resumed nor appended to later (what ``srpo train`` without ``--resume`` does)."""
+        self.iteration = 0
+        self.run_state.clear()
+
+    def continue_from(self, run_dir: str | os.PathLike[str], iteration: int) -> None:
+        """Go on from another run's exported weights as if this run had trained its first ``iteration``
+        iterations: this trainer was built from them (``cfg.model`` = ``run_dir/final``), its curve starts
+        with ``run_dir``'s metrics rows up to ``iteration`` and :meth:`train` trains iterations
+        ``iteration + 1 .. cfg.iterations`` (their seeds are those of the uninterrupted run's; the optimizer
+        starts afresh: an export holds no optimizer state). ``bench compare --continue-from`` uses it."""
+        if not 0 <= int(iteration) <= self.cfg.iterations:
+            raise ValueError(f"continue_from: iteration {iteration} outside 0..{self.cfg.iterations} (--iterations)")
+        self.start_fresh()
+        self.run_state.adopt_metrics(run_dir, int(iteration))
+        self.iteration = int(iteration)
 
 
 def train(
@@ -1288,9 +815,8 @@ def train(
     """
     if resume:
         ckpt.require_checkpoint(cfg.out_dir)
-    trainer = Trainer(cfg, log=log)
+    trainer = Trainer(cfg, log=log, start_from=cfg.out_dir if resume else None)
     if resume:
-        trainer.load_checkpoint()
         if log:
             log(f"resumed {cfg.algo} from iteration {trainer.iteration}")
     elif ckpt.remove_checkpoints(cfg.out_dir) and log:

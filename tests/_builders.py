@@ -102,14 +102,14 @@ def g0_wins(rows: Sequence[Row]) -> None:
 def update_inputs(trainer: Any, seed: int = 3) -> tuple[Any, Any, Any, Any, str]:
     """``(table, advantages, minibatch, loss_fn, unit)`` of a fresh rollout of tasks 0 and 1 (G=2,
     :func:`g0_wins`), the whole batch as one unshuffled minibatch: the arguments of
-    ``Trainer._minibatch_step``."""
+    ``PolicyUpdate.minibatch_step``."""
     from learners.batching import build_event_table, event_minibatches
     from learners.losses import get_policy_loss
 
     batch = trainer.collector.collect([0, 1], group_size=2, seed=seed)
     g0_wins(batch.rows)
     table = build_event_table(batch.rows)
-    adv = trainer._advantages(table)
+    adv = trainer.updater.advantages(table)
     mb = event_minibatches(table, shuffle=False)[0]
     loss_fn = get_policy_loss(trainer.algorithm.loss)
-    return table, adv, mb, loss_fn, loss_fn.unit(trainer._loss_config())
+    return table, adv, mb, loss_fn, loss_fn.unit(trainer.updater.loss_config())

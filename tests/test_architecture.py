@@ -65,6 +65,18 @@ CYCLES = [
         "import benchmarks.report",
         "leaderboards is not allowed to import benchmarks",
     ),
+    # learners.scale <-> learners.trainer (ScaleOut took the whole Trainer; now the ScaleHost protocol)
+    (
+        "learners/scale.py",
+        "from learners.trainer import Trainer",
+        "learners.scale is not allowed to import learners.trainer",
+    ),
+    # the update step reaching back into the loop's module
+    (
+        "learners/update.py",
+        "from learners.trainer import TrainConfig",
+        "learners.update is not allowed to import learners.trainer",
+    ),
     # benchmarks.evaluate <-> benchmarks.evidence (the old EvalResult.to_record(evidence_dir=...))
     (
         "benchmarks/evaluate.py",

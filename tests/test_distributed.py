@@ -88,7 +88,7 @@ def _params(trainer) -> dict[str, torch.Tensor]:  # noqa: ANN001
     states = trainer.scale.model_states()
     return {
         f"{m}.{n}": states[m][n].detach().clone()
-        for m, pol in zip(states, trainer._distinct_models(), strict=True)
+        for m, pol in zip(states, trainer.distinct_models(), strict=True)
         for n, _ in pol.model.named_parameters()
     }
 
@@ -127,15 +127,14 @@ def _dp_worker(rank: int, world: int, port: int, model_dir: str, rows_path: str,
             assert trainer.dist.world_size == world and trainer.dist.rank == rank
             assert trainer.scale.fsdp == engine.startswith("fsdp2")
             lockstep = [0]
-            real = trainer._lockstep_forward
+            real = trainer.forward.lockstep_forward
 
             def counted(pol, real=real, lockstep=lockstep):  # noqa: ANN001, ANN202
                 lockstep[0] += 1
                 return real(pol)
 
-            trainer._lockstep_forward = counted  # type: ignore[method-assign]
-            stats = trainer._update(batch, 1)
-            trainer.iteration = 1
+            trainer.forward.lockstep_forward = counted  # type: ignore[method-assign]
+            stats = trainer.update(batch, 1)  # the trainer is now at iteration 1
             trainer.save_checkpoint()  # rank 0 writes the full state, every rank meets at a barrier
             params = _params(trainer)  # gathered full weights (collective)
             if rank == 0:
@@ -203,7 +202,7 @@ def single_run(dp_run, tiny_model_dir):
         cfg = _cfg(str(tiny_model_dir), str(tmp / f"single-{engine}-{algo}"), algo, **kwargs)
         single = Trainer(TrainConfig(**cfg), log=None)
         before = _params(single)
-        stats = single._update(batch, 1)
+        stats = single.update(batch, 1)
         out[key] = (before, _params(single), stats["actor/grad_norm"])
     return out
 

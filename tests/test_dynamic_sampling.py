@@ -80,8 +80,8 @@ def test_trainer_refills_the_batch_with_informative_groups(
 
     trainer.scale.collect = scripted
     seen: list[RolloutBatch] = []
-    update = trainer._update
-    trainer._update = lambda batch, it: (seen.append(batch), update(batch, it))[1]
+    update = trainer.update
+    trainer.update = lambda batch, it: (seen.append(batch), update(batch, it))[1]
     trainer.train()
     metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert len(calls) == min(2, max_gen_batches)

@@ -36,7 +36,7 @@ def _perturb(trainer: Trainer) -> None:
     zeroes the critic backbone's gradient), the same values in every trainer of a test."""
     gen = torch.Generator().manual_seed(1234)
     with torch.no_grad():
-        for pol in trainer._distinct_models():
+        for pol in trainer.distinct_models():
             for name, p in sorted(pol.model.named_parameters()):
                 if "lora_B" in name:
                     p.copy_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
@@ -48,7 +48,7 @@ def _perturb(trainer: Trainer) -> None:
 def _named_grads(trainer: Trainer) -> dict[str, torch.Tensor]:
     """Every trainable parameter's gradient (zeros where it got none), policies and critic."""
     out: dict[str, torch.Tensor] = {}
-    for i, pol in enumerate(trainer._distinct_models()):
+    for i, pol in enumerate(trainer.distinct_models()):
         for name, p in pol.model.named_parameters():
             if p.requires_grad:
                 g = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -72,7 +72,7 @@ def _count_layer_calls(trainer: Trainer) -> dict:
 
         return hook
 
-    for pol in trainer._distinct_models():
+    for pol in trainer.distinct_models():
         layer = next(m for n, m in pol.model.named_modules() if n.endswith("layers.0"))
         calls["hooks"] += [
             layer.register_forward_pre_hook(bump("layer")),
@@ -123,13 +123,12 @@ def test_gradient_is_the_plain_paths_under_every_memory_saver(
 
     def step(gc: bool, tree: bool, micro: bool) -> dict[str, torch.Tensor]:
         t = trainers[gc]
-        t._event_values = plain._event_values  # MAPPO: the same "old" values for the value clip
-        t.cfg.prefix_tree = tree
-        t.cfg.max_tokens_per_microbatch = budget if micro else None
+        t.updater.event_values = plain.updater.event_values  # MAPPO: the same "old" values for the value clip
+        t.reconfigure(prefix_tree=tree, max_tokens_per_microbatch=budget if micro else None)
         if t.critic is not None:
             t.critic.pack_len = t.cfg.pack_len if tree else None
         calls = _count_layer_calls(t)
-        t._minibatch_step(mb, table, adv, loss_fn, unit)
+        t.updater.minibatch_step(mb, table, adv, loss_fn, unit)
         for h in calls.pop("hooks"):
             h.remove()
         # checkpointing really recomputes (the layer's inside runs again in backward), and only with it:
@@ -137,7 +136,7 @@ def test_gradient_is_the_plain_paths_under_every_memory_saver(
         assert calls["layer"] > 0 and (calls["inside"] > calls["layer"]) == gc, calls
         if t.critic is not None:
             t.critic_optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
-            t._critic_step(mb, table, adv)
+            t.updater.critic_step(mb, table, adv)
         return _named_grads(t)
 
     ref = step(False, False, False)

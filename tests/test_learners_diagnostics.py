@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -93,7 +92,9 @@ def test_trainer_logs_grading_and_multi_member_k(tiny_model_dir: Path, tmp_path:
 
 
 def _loss_cfg(cfg: TrainConfig):
-    return Trainer._loss_config(SimpleNamespace(cfg=cfg))  # type: ignore[arg-type]
+    from learners.update import loss_config
+
+    return loss_config(cfg.update, cfg.rollout.max_new_tokens)
 
 
 def test_gspo_uses_its_papers_clip_range_unless_the_user_sets_one(monkeypatch) -> None:

@@ -234,8 +234,8 @@ def test_trainer_prefix_tree_gives_the_per_row_gradient(
     budget = max(prefix_tree_size([(*r.prompt_ids, *r.response_ids) for r in mb.rows]) // 4, 1)
     assert len(prefix_micro_batches(mb.rows, mb.event_index, budget)) >= 3
     for tree, tokens in ((False, None), (True, None), (True, budget)):
-        trainer.cfg.prefix_tree, trainer.cfg.max_tokens_per_microbatch = tree, tokens
-        out = trainer._minibatch_step(mb, table, adv, loss_fn, unit)
+        trainer.reconfigure(prefix_tree=tree, max_tokens_per_microbatch=tokens)
+        out = trainer.updater.minibatch_step(mb, table, adv, loss_fn, unit)
         results.append((grads().clone(), out))
     (g_ref, ref), *others = results
     assert g_ref.abs().sum() > 0

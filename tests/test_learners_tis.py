@@ -242,8 +242,8 @@ def test_token_weights_reach_the_loss_and_accumulate_over_micro_batches(
     weights = 0.5 + 1.5 * torch.rand(table.num_rows, width, generator=g, dtype=torch.float64)
 
     def step(w, budget=None):
-        trainer.cfg.max_tokens_per_microbatch = budget
-        out = trainer._minibatch_step(mb, table, adv, loss_fn, unit, w)
+        trainer.reconfigure(max_tokens_per_microbatch=budget)
+        out = trainer.updater.minibatch_step(mb, table, adv, loss_fn, unit, w)
         return out, _grads(trainer).clone()
 
     _, g_none = step(None)
@@ -287,7 +287,7 @@ def test_update_with_token_tis_and_learner_behaviour_equals_no_tis(
         trainer.cfg.backend = backend  # the learner recomputes pi_old as it would for vLLM rollouts
         for pol in trainer.policies.policies:
             pol.policy_version = 0  # the rows' version: _update bumps it, and stale rows are refused
-        logs[name] = trainer._update(dataclasses.replace(batch, rows=rows), 1)
+        logs[name] = trainer.update(dataclasses.replace(batch, rows=rows), 1)
         grads[name] = _grads(trainer).clone()
     assert logs["tis"]["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=1e-6)  # recompute noise
     assert logs["tis"]["rollout/tis_capped_frac"] == 0.0
@@ -326,7 +326,7 @@ def _row_logprob_grad(trainer: Trainer, row) -> torch.Tensor:
 
     trainer.optimizer.zero_grad(set_to_none=True)
     batch = collate([row], trainer.policies.policies[0].pad_id, dtype=torch.float64)
-    lp = trainer._policy_logprobs([row], batch)[0]
+    lp = trainer.forward.policy_logprobs([row], batch)[0]
     masked_sum(lp, batch.response_mask).backward()
     return _grads(trainer).clone()
 
@@ -344,7 +344,7 @@ def test_srpo_row_weights_reach_their_own_rows(tiny_model_dir: Path, tmp_path: P
     batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
     g0_wins(batch.rows)
     table = build_event_table(batch.rows)
-    adv = trainer._advantages(table).advantages
+    adv = trainer.updater.advantages(table).advantages
     events: dict[str, list[int]] = {}
     for i, r in enumerate(batch.rows):
         events.setdefault(r.event_id, []).append(i)
@@ -358,7 +358,7 @@ def test_srpo_row_weights_reach_their_own_rows(tiny_model_dir: Path, tmp_path: P
     def update(log_w: dict[int, float]) -> tuple[torch.Tensor, dict]:
         for pol in trainer.policies.policies:
             pol.policy_version = 0  # the rows' version: _update bumps it
-        stats = trainer._update(dataclasses.replace(batch, rows=_shift_rows(batch.rows, log_w)), 1)
+        stats = trainer.update(dataclasses.replace(batch, rows=_shift_rows(batch.rows, log_w)), 1)
         return _grads(trainer).clone(), stats
 
     g_one, s_one = update({})
@@ -396,7 +396,7 @@ def test_srpo_event_weight_is_on_the_scale_of_its_clipped_ratio(tiny_model_dir: 
             )
             for r in batch.rows
         ]
-        stats = trainer._update(dataclasses.replace(batch, rows=rows), 1)
+        stats = trainer.update(dataclasses.replace(batch, rows=rows), 1)
         events: dict[str, list] = {}
         for r in batch.rows:
             events.setdefault(r.event_id, []).append(r)
@@ -422,7 +422,7 @@ def test_auto_tis_is_token_level_for_per_token_losses(tiny_model_dir: Path, tmp_
         )
         for r in batch.rows
     ]
-    stats = trainer._update(dataclasses.replace(batch, rows=rows), 1)
+    stats = trainer.update(dataclasses.replace(batch, rows=rows), 1)
     on = [t % 2 for r in batch.rows for t, m in enumerate(r.response_mask) if m]
     weights = [math.exp(-0.3) if odd else math.exp(0.3) for odd in on]
     assert stats["rollout/tis_weight_mean"] == pytest.approx(sum(weights) / len(weights), rel=1e-6)
@@ -439,7 +439,7 @@ def test_bf16_first_ratio_is_exactly_one(tiny_model_dir: Path, tmp_path: Path, a
     trainer = Trainer(update_check_config(tiny_model_dir, tmp_path, algo=algo, dtype="bfloat16"), log=None)
     batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
     g0_wins(batch.rows)
-    stats = trainer._update(batch, 1)
+    stats = trainer.update(batch, 1)
     assert stats["actor/mean_abs_log_ratio"] == 0.0 and stats["actor/approx_kl"] == 0.0
     assert stats["actor/clip_frac"] == 0.0
     assert stats["rollout/logprob_abs_diff"] > 0  # the float32 sampler and the bf16 forward do differ

@@ -41,14 +41,14 @@ def test_micro_batches_accumulate_to_the_big_batch_gradient(
     assert all(p.dtype == torch.float64 for p in trainer.params)
     table, adv, mb, loss_fn, unit = update_inputs(trainer)
 
-    trainer.cfg.max_tokens_per_microbatch = None
-    big = trainer._minibatch_step(mb, table, adv, loss_fn, unit)
+    trainer.reconfigure(max_tokens_per_microbatch=None)
+    big = trainer.updater.minibatch_step(mb, table, adv, loss_fn, unit)
     g_big = _grads(trainer).clone()
 
     budget = max(sum(len(r.prompt_ids) + len(r.response_ids) for r in mb.rows) // 5, 1)
     assert len(micro_batch_bounds(mb.rows, mb.event_index, budget)) >= 4
-    trainer.cfg.max_tokens_per_microbatch = budget
-    small = trainer._minibatch_step(mb, table, adv, loss_fn, unit)
+    trainer.reconfigure(max_tokens_per_microbatch=budget)
+    small = trainer.updater.minibatch_step(mb, table, adv, loss_fn, unit)
     g_small = _grads(trainer)
 
     assert g_big.abs().sum() > 0
@@ -102,7 +102,7 @@ def test_bfloat16_autocast_keeps_float32_master_weights(tiny_model_dir: Path, tm
     batch = trainer.collector.collect([0], group_size=2, seed=1)
     g0_wins(batch.rows)
     before = [p.detach().clone() for p in trainer.params]
-    stats = trainer._update(batch, iteration=1)
+    stats = trainer.update(batch, iteration=1)
     assert all(p.dtype == torch.float32 for p in trainer.params)
     assert any(not torch.equal(a, p) for a, p in zip(before, trainer.params, strict=True))
     assert torch.isfinite(torch.tensor(stats["actor/loss"]))
@@ -115,7 +115,7 @@ def test_dr_grpo_resolves_its_defaults_and_uses_the_generation_budget(
     assert cfg.resolved("agg") == "seq-mean-token-sum-norm" and cfg.resolved("adv_scale") == "none"
     assert _cfg(tiny_model_dir, tmp_path, algo="grpo").resolved("adv_scale") == "std"
     trainer = Trainer(cfg, log=None)
-    assert trainer._loss_config().norm_len == 8  # the constant, not the minibatch's padded width
+    assert trainer.updater.loss_config().norm_len == 8  # the constant, not the minibatch's padded width
     with pytest.raises(ValueError, match="known: .*dr-grpo"):
         _cfg(tiny_model_dir, tmp_path, algo="nope")
 
@@ -151,7 +151,7 @@ def test_a_policy_loss_registered_outside_the_package_trains(tiny_model_dir: Pat
         policy = trainer.policies["proposer"]
         prompts, responses = [r.prompt_ids for r in batch.rows], [r.response_ids for r in batch.rows]
         before = policy.compute_logprobs(prompts, responses)
-        trainer._update(batch, iteration=1)
+        trainer.update(batch, iteration=1)
         after = policy.compute_logprobs(prompts, responses)
         gain = [sum(a) - sum(b) for a, b in zip(after, before, strict=True)]
         win = [g for g, r in zip(gain, batch.rows, strict=True) if r.outcome_reward == 1.0]
@@ -195,10 +195,10 @@ def test_critic_chunks_by_the_token_budget_with_the_whole_minibatch_gradient(
     def critic_grads() -> torch.Tensor:
         return torch.cat([p.grad.flatten() for p in trainer.critic.parameters() if p.grad is not None])
 
-    trainer.cfg.max_tokens_per_microbatch = None
-    adv_big = trainer._advantages(table)
-    values_big = trainer._event_values.clone()
-    big = trainer._critic_step(mb, table, adv_big)
+    trainer.reconfigure(max_tokens_per_microbatch=None)
+    adv_big = trainer.updater.advantages(table)
+    values_big = trainer.updater.event_values.clone()
+    big = trainer.updater.critic_step(mb, table, adv_big)
     g_big = critic_grads().clone()
 
     texts = [table.event_row(e).state_text for e in mb.event_pos.tolist()]
@@ -207,10 +207,10 @@ def test_critic_chunks_by_the_token_budget_with_the_whole_minibatch_gradient(
     chunks = trainer.critic.token_chunks(texts, budget)
     assert len(chunks) >= 3 and sorted(i for c in chunks for i in c) == list(range(len(texts)))
     assert all(len(c) * max(widths[i] for i in c) <= budget for c in chunks)
-    trainer.cfg.max_tokens_per_microbatch = budget
-    adv_small = trainer._advantages(table)
-    assert_close_scaled(trainer._event_values, values_big, F64)
-    small = trainer._critic_step(mb, table, adv_small)
+    trainer.reconfigure(max_tokens_per_microbatch=budget)
+    adv_small = trainer.updater.advantages(table)
+    assert_close_scaled(trainer.updater.event_values, values_big, F64)
+    small = trainer.updater.critic_step(mb, table, adv_small)
     g_small = critic_grads()
 
     assert g_big.abs().sum() > 0

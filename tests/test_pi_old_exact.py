@@ -4,7 +4,7 @@ The ratio divides the training forward's log-probs by pi_old. pi_old used to be 
 order (its own chunks), while training forwards shuffled event minibatches, split into token-budget
 micro-batches, length-sorted per-policy chunks, prefix-tree packs and data-parallel shards: under bf16
 autocast two compositions of the same rows round differently (~1e-3 in a log-prob), so the first ratio
-was only about 1. Now pi_old comes from the very forwards of epoch 0 (``Trainer._composed_old_logprobs``).
+was only about 1. Now pi_old comes from the very forwards of epoch 0 (``PolicyUpdate.composed_old_logprobs``).
 
 With ``lr=0`` the weights never move, so *every* minibatch's ratio must be exactly 1: each training
 forward is bit-identical to the no-grad forward pi_old was taken from (same kernels, same inputs, same
@@ -40,9 +40,9 @@ COMPOSITION = dict(
 def _record_ratios(monkeypatch: Any, seen: list[tuple[float, int]]) -> None:
     """Wrap the trainer's policy loss: record ``max |log pi - log pi_old|`` over each micro-batch's loss
     tokens (and their count) before the real loss runs."""
-    import learners.trainer as trainer_mod
+    import learners.update as update_mod
 
-    real_get = trainer_mod.get_policy_loss
+    real_get = update_mod.get_policy_loss
 
     def get(name: str) -> Any:
         loss = real_get(name)
@@ -54,7 +54,7 @@ def _record_ratios(monkeypatch: Any, seen: list[tuple[float, int]]) -> None:
 
         return dataclasses.replace(loss, fn=fn)
 
-    monkeypatch.setattr(trainer_mod, "get_policy_loss", get)
+    monkeypatch.setattr(update_mod, "get_policy_loss", get)
 
 
 def _batch(model_dir: Path, out: Path) -> Any:
@@ -86,7 +86,7 @@ def test_first_ratio_is_exactly_one_in_bf16(
     assert trainer.scale.recomputes_pi_old()  # bf16: pi_old is the learner's recompute
     seen: list[tuple[float, int]] = []
     _record_ratios(monkeypatch, seen)
-    trainer._update(batch, iteration=1)
+    trainer.update(batch, iteration=1)
     assert len(seen) >= 4 and sum(n for _, n in seen) > 0  # several minibatches x micro-batches
     assert max(d for d, _ in seen) == 0.0, seen  # bit-exact by design (see the module docstring)
 
@@ -121,7 +121,7 @@ def _dp_worker(rank: int, port: int, model_dir: str, rows_path: str, out: str) -
             assert trainer.dist.world_size == 2
             seen: list[tuple[float, int]] = []
             _record_ratios(mp, seen)
-            trainer._update(batch, iteration=1)
+            trainer.update(batch, iteration=1)
             mp.undo()
             result[str(prefix_tree)] = seen
     finally:

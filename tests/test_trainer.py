@@ -52,7 +52,7 @@ def test_update_raises_logprob_of_rewarded_outputs(algo: str, tiny_model_dir: Pa
     _reward_first_sample(batch)
     policy = trainer.policies["proposer"]
     before = policy.compute_logprobs([r.prompt_ids for r in batch.rows], [r.response_ids for r in batch.rows])
-    stats = trainer._update(batch, iteration=1)
+    stats = trainer.update(batch, iteration=1)
     after = policy.compute_logprobs([r.prompt_ids for r in batch.rows], [r.response_ids for r in batch.rows])
     gain = [sum(a) - sum(b) for a, b in zip(after, before, strict=True)]
     win = [g for g, r in zip(gain, batch.rows, strict=True) if r.episode_id.endswith("-g0")]
@@ -69,7 +69,7 @@ def test_sharing_modes_train(sharing: str, tiny_model_dir: Path, tmp_path: Path)
     batch = trainer.collector.collect([0, 1], group_size=2, seed=1)
     _reward_first_sample(batch)
     snapshot = {k: v.clone() for k, v in trainer.policies["aggregator"].model.state_dict().items()}
-    trainer._update(batch, iteration=1)
+    trainer.update(batch, iteration=1)
     changed = any(
         not torch.equal(v, trainer.policies["aggregator"].model.state_dict()[k]) for k, v in snapshot.items()
     )
@@ -191,5 +191,5 @@ def test_trainer_runs_on_the_search_env(tiny_model_dir: Path, tmp_path: Path) ->
     assert {r.event_type for r in batch.rows} == {"search", "aggregate"}
     assert {r.k for r in batch.rows if r.event_type == "search"} == {2}
     _reward_first_sample(batch)
-    stats = trainer._update(batch, iteration=1)
+    stats = trainer.update(batch, iteration=1)
     assert stats["rollout/max_k"] == 2.0 and torch.isfinite(torch.tensor(stats["actor/loss"]))

@@ -196,15 +196,22 @@ def test_diverging_run_stops_with_exit_3_and_exports_nothing(
     """The probe's ``--lr 1000`` (rc 0, every exported parameter NaN on e4b4839), made deterministic:
     from the second iteration on every loss is NaN. Non-finite steps are skipped and counted, the run
     stops with one line and exit 3, the last (finite) checkpoint is kept and nothing is exported."""
+    from learners import forward as forward_mod
     from learners import trainer as trainer_mod
 
-    real = trainer_mod.Trainer._policy_logprobs
+    real, real_update = forward_mod.PolicyForward.policy_logprobs, trainer_mod.Trainer.update
+    training = {"iteration": 0}
+
+    def update(self, batch, iteration):
+        training["iteration"] = iteration
+        return real_update(self, batch, iteration)
 
     def diverge(self, rows, sub):
         lp, ent, ref = real(self, rows, sub)
-        return (lp * float("nan") if self.iteration >= 1 else lp), ent, ref
+        return (lp * float("nan") if training["iteration"] >= 2 else lp), ent, ref
 
-    monkeypatch.setattr(trainer_mod.Trainer, "_policy_logprobs", diverge)
+    monkeypatch.setattr(trainer_mod.Trainer, "update", update)
+    monkeypatch.setattr(forward_mod.PolicyForward, "policy_logprobs", diverge)
     run = tmp_path / "run"
     args = [
         "train", "--model", str(tiny_model_dir), "--out", str(run), "--iterations", "6",
@@ -229,17 +236,18 @@ def test_nonfinite_step_is_skipped_and_counted(tiny_model_dir: Path, tmp_path: P
     run goes on (a streak shorter than max_nonfinite_steps)."""
     import torch
 
+    from learners import forward as forward_mod
     from learners import trainer as trainer_mod
 
     calls = {"n": 0}
-    real = trainer_mod.Trainer._policy_logprobs
+    real = forward_mod.PolicyForward.policy_logprobs
 
     def nan_once(self, rows, sub):
         lp, ent, ref = real(self, rows, sub)
         calls["n"] += 1
         return (lp * float("nan") if calls["n"] == 1 else lp), ent, ref
 
-    monkeypatch.setattr(trainer_mod.Trainer, "_policy_logprobs", nan_once)
+    monkeypatch.setattr(forward_mod.PolicyForward, "policy_logprobs", nan_once)
     history = train(checkpoint_run_config(tiny_model_dir, tmp_path / "run", iterations=2, save_every=0), log=None)
     assert [h["actor/nonfinite_steps"] for h in history] == [1.0, 0.0]
     model = trainer_mod.HFPolicy(str(tmp_path / "run" / "final")).model

@@ -98,7 +98,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         tokens: list[int] = []
         rows: list[int] = []
         cpu: dict[str, list[float]] = {"rollout": [], "update": []}
-        collect, update = trainer.collector.collect, trainer._update
+        collect, update = trainer.collector.collect, trainer.update
 
         def counting_collect(*a: Any, **kw: Any) -> Any:
             t0 = time.process_time()
@@ -115,7 +115,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
             return out
 
         trainer.collector.collect = counting_collect  # type: ignore[method-assign]
-        trainer._update = timed_update  # type: ignore[method-assign]
+        trainer.update = timed_update  # type: ignore[method-assign]
         history = [h for h in trainer.train() if "rollout_s" in h]
     per_k = [
         {

@@ -52,7 +52,7 @@ def _one(budget: int | None, tasks: int, group_size: int, threads: int) -> dict[
         batch = trainer.collector.collect(list(range(tasks)), group_size, seed=0)
         before = _peak_rss_mb()
         t0 = time.perf_counter()
-        stats = trainer._update(batch, iteration=1)
+        stats = trainer.update(batch, iteration=1)
         seconds = time.perf_counter() - t0
     return {
         "rows": float(len(batch.rows)),

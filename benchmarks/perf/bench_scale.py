@@ -6,7 +6,7 @@ Prints (and writes ``--out`` as JSON):
   run use ``--threads`` torch threads, so the comparison is per-core honest), plus Ray's
   per-iteration overhead in ms: the 1-worker wall time minus the in-process wall time of the same
   collection, and the time of one weight broadcast (``ray.put`` + every actor's ``load_state_dict``);
-* learner rows/s of :meth:`learners.trainer.Trainer._update` on one fixed rollout batch with 1 and 2
+* learner rows/s of :meth:`learners.trainer.Trainer.update` on one fixed rollout batch with 1 and 2
   processes (``torchrun --standalone --nproc_per_node N``; gloo on CPU), each process with
   ``--threads`` torch threads.
 
@@ -93,7 +93,7 @@ def bench_rollout(model: str, tasks: int, group: int, iters: int, threads: int, 
 
 
 def _learner_worker(model: str, rows_file: str, reps: int, threads: int, result_file: str) -> None:
-    """Runs under torchrun: time ``Trainer._update`` on the saved batch (rank 0 writes the result)."""
+    """Runs under torchrun: time ``Trainer.update`` on the saved batch (rank 0 writes the result)."""
     import torch
 
     from agents.rollout import RolloutBatch
@@ -113,12 +113,12 @@ def _learner_worker(model: str, rows_file: str, reps: int, threads: int, result_
         version = int(trainer.policies.policies[0].policy_version)
         return RolloutBatch(rows=[dataclasses.replace(r, policy_version=version) for r in rows], episodes=[])
 
-    trainer._update(fresh(), 1)  # warm-up
+    trainer.update(fresh(), 1)  # warm-up
     wall = 0.0
     for i in range(reps):
         batch = fresh()
         t0 = time.perf_counter()
-        trainer._update(batch, 2 + i)
+        trainer.update(batch, 2 + i)
         wall += time.perf_counter() - t0
     if trainer.dist.is_main:
         Path(result_file).write_text(json.dumps({"rows_per_s": reps * len(batch.rows) / wall, "s": wall}))
