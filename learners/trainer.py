@@ -51,12 +51,13 @@ import torch
 from agents.hf import HFPolicy, default_lora_config, enable_gradient_checkpointing, lora_policy_map
 from agents.model_source import resolve_model
 from agents.policy import PolicyMap, SamplingParams
-from agents.rollout import RolloutBatch
+from agents.rollout import RolloutBatch, RolloutCollector
 from learners import checkpoint as ckpt
 from learners import config as config_sections
 from learners import guard
 from learners.advantages import ADV_SCALES, get_adv_estimator
 from learners.algorithms import ALGORITHMS, Algorithm, get_algorithm  # noqa: F401 (re-exported)
+from learners.async_rollout import RolloutPipeline
 from learners.critic import ValueCritic
 from learners.diagnostics import GradingMonitor
 from learners.distributed import DP_ENGINES, broadcast_object
@@ -66,6 +67,7 @@ from learners.losses import AGG_MODES, EVENT_NORMS, get_policy_loss
 from learners.rollout_phase import RolloutPhase
 from learners.run_state import RunState
 from learners.scale import BACKENDS, TIS_MODES, ScaleOut
+from learners.staleness import STALENESS_CORRECTIONS
 from learners.tracking import flatten_config, open_trackers, parse_loggers
 from learners.update import PolicyUpdate
 
@@ -267,6 +269,12 @@ class TrainConfig:
     event's ratio on the scale c(K) of its clipped ratio); each row's weight reaches its own tokens"""
     tis_cap: float = 2.0
     """truncation C of the importance weights min(pi_train / pi_rollout, C) (verl's rollout_is_threshold)"""
+    max_staleness: int = 0
+    """asynchronous RL: a generator thread with its own policy copy rolls out iterations t+1..t+N while the
+    learner updates on t; rows more than N versions behind are dropped (0: the synchronous loop)"""
+    staleness_correction: str = "decoupled"
+    """max_staleness >= 1: decoupled (AReaL: clip around the recomputed proximal policy, importance weight
+    min(proximal / behaviour, tis_cap) at the --tis level, auto: the loss's) or none (plain clip, the ablation)"""
     eval_every: int = 10
     """held-out evaluation every N iterations (0: never)"""
     eval_problems: int = 64
@@ -342,6 +350,7 @@ class TrainConfig:
         guard.validate(self)
         if self.tis_cap <= 0 or self.rollout_workers < 0:
             raise ValueError("tis_cap must be > 0 and rollout_workers >= 0")
+        self._check_staleness()
         if not (self.dist_timeout > 0 and self.rollout_timeout > 0):
             raise ValueError(
                 f"dist_timeout and rollout_timeout must be > 0 seconds, got {self.dist_timeout}, {self.rollout_timeout}"
@@ -381,6 +390,27 @@ class TrainConfig:
                 "top_p < 1 is not supported for training: the behaviour log-probs are full-softmax "
                 "log-probs, not those of the truncated nucleus the tokens were drawn from, so the "
                 "importance ratio would be wrong. Use top_p=1 (temperature still applies)."
+            )
+
+    def _check_staleness(self) -> None:
+        """``max_staleness`` / ``staleness_correction``: what the asynchronous loop supports."""
+        n = self.max_staleness
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"max_staleness must be an integer >= 0, got {n!r}")
+        if self.staleness_correction not in STALENESS_CORRECTIONS:
+            raise ValueError(
+                f"staleness_correction must be one of {STALENESS_CORRECTIONS}, got {self.staleness_correction!r}"
+            )
+        if n and (self.backend != "hf" or self.rollout_workers > 0):
+            raise ValueError(
+                "max_staleness >= 1 runs a generator thread with its own copy of the policies in this process "
+                f"(backend=hf, rollout_workers=0); got backend={self.backend!r}, rollout_workers="
+                f"{self.rollout_workers} (Ray workers and served engines are not wired for it yet)"
+            )
+        if n and self.staleness_correction == "decoupled" and self.tis == "off":
+            raise ValueError(
+                "staleness_correction=decoupled weights stale rows by min(pi_prox / pi_behaviour, tis_cap) at the "
+                "--tis level; --tis off leaves no level: use --tis auto, or --staleness-correction none"
             )
 
     def resolved(self, name: str) -> Any:
@@ -524,6 +554,10 @@ class Trainer:
             self.out, self.scale, self.policies, self.optimizer, self.scheduler,
             self.critic, self.critic_optimizer, log=self.log,
         )  # fmt: skip
+        #: max_staleness >= 1: the generator thread while training, and the weight snapshots a resumed
+        #: checkpoint carried for the batches that were in flight (learners.async_rollout)
+        self._pipeline: RolloutPipeline | None = None
+        self._carried_snapshots: dict[int, Any] = {}
         if start_from is not None:
             self.resume_from(start_from)
 
@@ -533,6 +567,11 @@ class Trainer:
         (batching, loss, forward and TIS settings); the model, sharing and optimizers stay as built."""
         self.cfg = replace(self.cfg, **changes)
         self.scale.cfg = self.cfg
+        self._hand_out_sections()
+
+    def _hand_out_sections(self) -> None:
+        """Give every part its current sections (after :meth:`reconfigure`, or a field assigned on
+        ``self.cfg``: its section views are then rebuilt, so a part holding an old one is found by identity)."""
         cfg = self.cfg
         self.forward.configure(cfg.policy, cfg.update, cfg.rollout.temperature)
         self.updater.configure(cfg.update, cfg.critic, cfg.guard, cfg.rollout.max_new_tokens)
@@ -610,6 +649,8 @@ class Trainer:
         returns the iteration's ``actor/...``, ``critic/...`` and ``rollout/...`` metrics. ``iteration``
         seeds the minibatch shuffles (what the loop passes: the iteration being trained, from 1); after
         it the trainer is at ``iteration`` (a checkpoint saved then records it)."""
+        if self.updater.cfg is not self.cfg.update:  # a field was assigned on self.cfg since the parts got theirs
+            self._hand_out_sections()
         stats = self.updater.update(batch, iteration)
         self.iteration = iteration
         return stats
@@ -667,12 +708,44 @@ class Trainer:
             )
         except ImportError:  # pragma: no cover - tqdm is a core dependency
             bar = None
+        pipeline = self._pipeline = self._start_pipeline() if cfg.max_staleness else None
+        try:
+            history = self._iterations(history, grading, bar, pipeline)
+        finally:
+            if pipeline is not None:
+                pipeline.close()
+                self._pipeline = None
+                torch.set_num_threads(self._learner_threads)
+        if bar is not None:
+            bar.close()
+        if self.dist.is_main or self.scale.fsdp:  # FSDP2: every rank helps gather, rank 0 writes
+            self.export(self.out / "final")
+        self.scale.close()
+        return history
+
+    def _iterations(
+        self, history: list[dict[str, Any]], grading: GradingMonitor, bar: Any, pipeline: RolloutPipeline | None
+    ) -> list[dict[str, Any]]:
+        """The loop's iterations: rollouts (here, or from the generator thread with ``max_staleness``),
+        update, metrics, guard, checkpoint."""
+        cfg = self.cfg
         while self.iteration < cfg.iterations:
             it = self.iteration + 1
             t0 = time.perf_counter()
-            generated, batch, filtered = self.rollout_phase.run(it)
-            t1 = time.perf_counter()
+            timing: dict[str, Any] = {}
+            if pipeline is None:
+                generated, batch, filtered = self.rollout_phase.run(it)
+                t1 = time.perf_counter()
+                rollout_s = t1 - t0
+            else:  # generated beside the previous updates: rollout_s is the generator's time on it
+                produced = pipeline.take(it)
+                generated, batch, filtered = produced.result
+                t1 = time.perf_counter()
+                rollout_s = produced.gen_s
+                timing = {"rollout_wait_s": round(produced.wait_s, 3), "rollout/weights_of": produced.weights_of}
             stats = self.update(batch, it) if batch.rows else {}
+            if pipeline is not None:  # the weights the generator's next batches need (it may be waiting)
+                pipeline.publish(it, self._snapshot())
             t2 = time.perf_counter()
             # what the policy did: every episode rolled out this iteration, kept for the update or not
             rewards = np.array([e.reward for e in generated.episodes])
@@ -684,8 +757,9 @@ class Trainer:
                 "mean_response_len": float(np.mean([len(r.response_ids) for r in generated.rows])),
                 "team_tokens": int(sum(e.team_tokens for e in generated.episodes)),
                 "rows": len(batch.rows),
-                "rollout_s": round(t1 - t0, 3),
+                "rollout_s": round(rollout_s, 3),
                 "update_s": round(t2 - t1, 3),
+                **timing,
                 **(filtered.metrics() if filtered is not None else {}),
                 **stats,
             }
@@ -702,12 +776,48 @@ class Trainer:
                 bar.update(1)
                 loss = stats.get("actor/loss", float("nan"))
                 bar.set_postfix(acc=f"{batch.accuracy:.2f}", loss=f"{loss:.3f}")
-        if bar is not None:
-            bar.close()
-        if self.dist.is_main or self.scale.fsdp:  # FSDP2: every rank helps gather, rank 0 writes
-            self.export(self.out / "final")
-        self.scale.close()
         return history
+
+    # ------------------------------------------------------------------ asynchronous rollouts
+    def _snapshot(self) -> tuple[list[int], dict[str, dict[str, torch.Tensor]]]:
+        """The policies' versions and a clone of the weights now: what the generator loads."""
+        return [int(p.policy_version) for p in self.policies.policies], self._model_states()
+
+    def _start_pipeline(self) -> RolloutPipeline:
+        """``max_staleness >= 1``: the generator thread (:mod:`learners.async_rollout`) with its own copy of
+        the policies and its own rollout phase, started from the current weights and, on resume, from the
+        older ones the checkpoint carried. The generator uses one torch thread, the learner the rest."""
+        from agents.ray_rollout import load_model_states
+
+        if self.dist.enabled:
+            raise ValueError("max_staleness >= 1 runs in one process; under torchrun train with max_staleness 0")
+        copy = self.scale.policy_copy()
+        for pol in copy.policies:
+            pol.autocast_dtype = generation_autocast(self.cfg.dtype, self.device)
+        c = self.collector
+        phase = RolloutPhase(
+            self.scale, RolloutCollector(c.env_fn, copy, c.sampling, c.prompts), self.n_train_tasks,
+            self.cfg.rollout, self.cfg.seed,
+        )  # fmt: skip
+
+        def load(done: int, snap: tuple[list[int], dict[str, dict[str, torch.Tensor]]]) -> None:
+            load_model_states(copy, snap[1], snap[0])
+
+        snapshots = {**self._carried_snapshots, self.iteration: self._snapshot()}
+        self._carried_snapshots = {}
+        self._learner_threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, self._learner_threads - 1))
+        return RolloutPipeline(
+            phase.run, load, self.cfg.max_staleness, self.iteration + 1, self.cfg.iterations, snapshots, gen_threads=1
+        )
+
+    def _async_state(self) -> dict[str, Any]:
+        """max_staleness >= 1: the weight snapshots the in-flight batches are generated with, so that a
+        resumed run regenerates exactly them (the batches themselves are discarded: learners.async_rollout)."""
+        if self._pipeline is None:
+            return {}
+        snaps = self._pipeline.checkpoint_snapshots(self.iteration)
+        return {"async_snapshots": {str(k): {"versions": v, "models": m} for k, (v, m) in snaps.items()}}
 
     # ------------------------------------------------------------------ run state
     # The metrics file, checkpoints and export live in learners.run_state (formats in learners.checkpoint).
@@ -726,7 +836,7 @@ class Trainer:
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything needed to continue bit-identically: full weights, optimizer, scheduler, RNGs."""
-        return self.run_state.state(self.iteration, asdict(self.cfg))
+        return {**self.run_state.state(self.iteration, asdict(self.cfg)), **self._async_state()}
 
     def save_checkpoint(self) -> Path | None:
         """Publish :meth:`checkpoint_state` atomically (rank 0 writes under torch.distributed); weights
@@ -774,6 +884,10 @@ class Trainer:
                 f"{self.cfg.iterations}; resume with --iterations >= {state['iteration']}"
             )
         self.iteration = self.run_state.restore(state)  # weights, optimizers, RNGs; metrics cut to it
+        self._carried_snapshots = {  # max_staleness >= 1: the in-flight batches' weights
+            int(k): ([int(v) for v in snap["versions"]], snap["models"])
+            for k, snap in state.get("async_snapshots", {}).items()
+        }
 
     def export(self, out: str | os.PathLike[str]) -> Path:
         """``save_pretrained`` of the trained policy (one folder per distinct model)."""

@@ -193,3 +193,74 @@ def test_trainer_runs_on_the_search_env(tiny_model_dir: Path, tmp_path: Path) ->
     _reward_first_sample(batch)
     stats = trainer.update(batch, iteration=1)
     assert stats["rollout/max_k"] == 2.0 and torch.isfinite(torch.tensor(stats["actor/loss"]))
+
+
+# ------------------------------------------------------------------ the public update and continuation API
+def _forward_calls(trainer: Trainer) -> list[int]:
+    """Wrap ``trainer.forward.policy_logprobs``: one entry (rows forwarded) per training forward call."""
+    calls: list[int] = []
+    real = trainer.forward.policy_logprobs
+
+    def counted(rows, batch, extras=True):  # noqa: ANN001, ANN202
+        calls.append(len(rows))
+        return real(rows, batch, extras)
+
+    trainer.forward.policy_logprobs = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_parts_follow_the_config_after_reconfigure_or_an_assigned_field(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The parts hold their config sections (not the config): ``reconfigure`` hands them the new ones, and
+    a field assigned on ``trainer.cfg`` reaches them at the next ``update`` (a stale section would keep
+    training in one micro-batch: 1 forward call instead of several)."""
+    from tests._builders import g0_wins, update_check_config, update_inputs
+
+    trainer = Trainer(update_check_config(tiny_model_dir, tmp_path, algo="grpo", forward_rows=64), log=None)
+    table, adv, mb, loss_fn, unit = update_inputs(trainer)
+    calls = _forward_calls(trainer)
+    trainer.updater.minibatch_step(mb, table, adv, loss_fn, unit)
+    assert len(calls) == 1  # no token budget: the minibatch is one micro-batch
+    budget = max(sum(len(r.prompt_ids) + len(r.response_ids) for r in mb.rows) // 4, 1)
+    trainer.reconfigure(max_tokens_per_microbatch=budget)
+    assert trainer.forward.update.max_tokens_per_microbatch == budget == trainer.updater.cfg.max_tokens_per_microbatch
+    calls.clear()
+    trainer.updater.minibatch_step(mb, table, adv, loss_fn, unit)
+    assert len(calls) >= 3 and sum(calls) == mb.num_rows
+    with pytest.raises(ValueError):  # re-validated like a new config
+        trainer.reconfigure(epochs=0)
+    # an assigned field: picked up by the public update (which the loop calls)
+    trainer.reconfigure(max_tokens_per_microbatch=None)
+    trainer.cfg.max_tokens_per_microbatch = budget
+    batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
+    g0_wins(batch.rows)
+    calls.clear()
+    trainer.update(batch, iteration=1)
+    assert len(calls) >= 3 and trainer.iteration == 1
+
+
+def test_start_from_resumes_and_continue_from_adopts_a_runs_curve(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``Trainer(cfg, start_from=RUN)`` is ``load_checkpoint`` of RUN (its iteration, weights, metrics cut to
+    it); ``continue_from(RUN, n)`` starts a fresh run directory whose curve is RUN's first n rows and whose
+    next iteration is n + 1; ``start_fresh`` removes a previous checkpoint and metrics file."""
+    from tests._builders import checkpoint_run_config
+
+    run = tmp_path / "run"
+    train(checkpoint_run_config(tiny_model_dir, run, iterations=2), log=None)
+    resumed = Trainer(checkpoint_run_config(tiny_model_dir, run, iterations=3), log=None, start_from=run)
+    assert resumed.iteration == 2
+    state = load_checkpoint(run)
+    for name, p in resumed.distinct_models()[0].model.state_dict().items():
+        assert torch.equal(p, state["models"]["model0"][name]), name
+    again = tmp_path / "again"
+    cont = Trainer(checkpoint_run_config(run / "final", again, iterations=3), log=None)
+    cont.continue_from(run, 1)
+    assert cont.iteration == 1
+    rows = [json.loads(x) for x in cont.metrics_path.read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1]
+    history = cont.train()
+    assert [h["iteration"] for h in history] == [1, 2, 3]
+    with pytest.raises(ValueError, match="outside 0..3"):
+        cont.continue_from(run, 4)
+    assert checkpoint_iteration(again) == 3
+    cont.start_fresh()
+    assert checkpoint_iteration(again) is None and not cont.metrics_path.exists() and cont.iteration == 0
