@@ -649,7 +649,7 @@ class Trainer:
         returns the iteration's ``actor/...``, ``critic/...`` and ``rollout/...`` metrics. ``iteration``
         seeds the minibatch shuffles (what the loop passes: the iteration being trained, from 1); after
         it the trainer is at ``iteration`` (a checkpoint saved then records it)."""
-        if self.updater.cfg is not self.cfg.update:  # a field was assigned on self.cfg since the parts got theirs
+        if self.updater.section is not self.cfg.update:  # a field was assigned on self.cfg since the parts got theirs
             self._hand_out_sections()
         stats = self.updater.update(batch, iteration)
         self.iteration = iteration

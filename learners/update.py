@@ -60,7 +60,8 @@ def loss_config(update: Any, norm_len: int, denominator: float | None = None) ->
 class PolicyUpdate:
     """One iteration's update of the policies (and critic) on a rollout batch: :meth:`update`.
 
-    ``update`` / ``critic_cfg`` / ``guard``: the ``[update]``, ``[critic]`` and ``[guard]`` sections;
+    ``update`` / ``critic_cfg`` / ``guard``: the ``[update]``, ``[critic]`` and ``[guard]`` sections
+    (held as ``section``, ``critic_cfg``, ``guard``);
     ``seed``: the run's; ``norm_len``: ``[rollout] max_new_tokens``; ``out_dir``: named in the error of a
     run that diverged. The optimizers and the critic are the trainer's (its checkpoint holds them).
     """
@@ -97,7 +98,7 @@ class PolicyUpdate:
 
     def configure(self, update: Any, critic_cfg: Any, guard: Any, norm_len: int) -> None:
         """Take new sections (:meth:`learners.trainer.Trainer.reconfigure`)."""
-        self.cfg, self.critic_cfg, self.guard, self.norm_len = update, critic_cfg, guard, norm_len
+        self.section, self.critic_cfg, self.guard, self.norm_len = update, critic_cfg, guard, norm_len
 
     @property
     def device(self) -> torch.device:
@@ -115,28 +116,28 @@ class PolicyUpdate:
             texts = [r.state_text for r in table.first_rows()]
             values = torch.zeros(len(texts), dtype=torch.float64)
             with torch.no_grad():
-                for idx in self.critic.token_chunks(texts, self.cfg.max_tokens_per_microbatch):
+                for idx in self.critic.token_chunks(texts, self.section.max_tokens_per_microbatch):
                     values[idx] = self.critic([texts[i] for i in idx]).double().cpu()
         self.event_values = values
-        estimator = get_adv_estimator(self.cfg.adv_estimator)
+        estimator = get_adv_estimator(self.section.adv_estimator)
         adv_cfg = AdvantageConfig(
-            scale=self.cfg.adv_scale, gamma=self.critic_cfg.gamma, gae_lambda=self.critic_cfg.gae_lambda
+            scale=self.section.adv_scale, gamma=self.critic_cfg.gamma, gae_lambda=self.critic_cfg.gae_lambda
         )
         return estimator(table, adv_cfg, values)
 
     def loss_config(self, denominator: float | None = None) -> LossConfig:
-        return loss_config(self.cfg, self.norm_len, denominator)
+        return loss_config(self.section, self.norm_len, denominator)
 
     def rows_per_batch(self, table: EventTable) -> int:
         """``rows_per_batch``, or the size that splits the batch into ``minibatches_per_iter``."""
         rows = sum(len(r) for r, ok in zip(table.event_rows, table.complete, strict=True) if ok)
-        return self.cfg.rows_per_minibatch(rows)
+        return self.section.rows_per_minibatch(rows)
 
     # ------------------------------------------------------------------ the step
     def update(self, batch: RolloutBatch, iteration: int) -> dict[str, Any]:
         """Advantages once, then ``epochs`` x minibatches of (micro-batched) loss and one step each."""
         self.iteration = iteration
-        loss_fn = get_policy_loss(self.cfg.policy_loss)
+        loss_fn = get_policy_loss(self.section.policy_loss)
         unit = loss_fn.unit(self.loss_config())
         # [R, T] TIS weights (per token, or a row's / an event's weight on its tokens) reach the loss as
         # LossConfig.token_weights: each row its own, in every loss; an event weight of an event loss
@@ -144,7 +145,7 @@ class PolicyUpdate:
         batch, token_weights, prep_stats = self.scale.prepare(
             batch,
             ratio_level=loss_fn.ratio_level(self.loss_config()),
-            norm=self.cfg.norm if unit in ("events", "members") else "sum",
+            norm=self.section.norm if unit in ("events", "members") else "sum",
             pi_old=lambda rows: self.composed_old_logprobs(rows, iteration),
         )
         table = build_event_table(batch.rows)
@@ -152,7 +153,7 @@ class PolicyUpdate:
         stats: dict[str, list[float]] = {}
         dropped = 0
         skipped_before = self.nonfinite_steps
-        for epoch in range(self.cfg.epochs):
+        for epoch in range(self.section.epochs):
             mbs = event_minibatches(
                 table,
                 rows_per_batch=self.rows_per_batch(table),
@@ -192,8 +193,8 @@ class PolicyUpdate:
             mb = self.scale.shard(mb)
             if mb.num_rows:  # a rank without an event still joins the gradient all-reduce (zeros)
                 full = collate(mb)
-        budget = self.cfg.max_tokens_per_microbatch
-        if self.cfg.prefix_tree:  # events sharing prefixes together, the budget in prefix-tree nodes
+        budget = self.section.max_tokens_per_microbatch
+        if self.section.prefix_tree:  # events sharing prefixes together, the budget in prefix-tree nodes
             bounds = prefix_micro_batches(mb.rows, mb.event_index, budget)
         else:
             bounds = [list(range(a, b)) for a, b in micro_batch_bounds(mb.rows, mb.event_index, budget)]
@@ -259,7 +260,7 @@ class PolicyUpdate:
         """Collate once, backward per event-atomic micro-batch with the whole minibatch's
         normaliser (so the accumulated gradient equals the one-big-batch gradient), one step.
         ``token_weights``: table-wide ``[R, T]`` per-token loss weights (token-level TIS) or None."""
-        cfg = self.cfg
+        section = self.section
         pad_id = self.policies.policies[0].pad_id
 
         def collate(part: MiniBatch) -> Batch:
@@ -289,11 +290,11 @@ class PolicyUpdate:
             loss, st = loss_fn(lp, sub.old_logprobs, mask, sub.advantages, sub.event_index, sub_cfg)
             if ref is not None:
                 kl = masked_sum(kl_k3(lp, ref), mask) / max(tokens, 1.0)
-                loss = loss + cfg.kl_coef * kl
+                loss = loss + section.kl_coef * kl
                 st["kl_ref"] = float(kl.detach())
             if ent is not None:
                 entropy = masked_sum(ent, mask) / max(tokens, 1.0)
-                loss = loss - cfg.entropy_coef * entropy
+                loss = loss - section.entropy_coef * entropy
                 st["entropy"] = float(entropy.detach())
             loss.backward()
             total += float(loss.detach())
@@ -302,7 +303,7 @@ class PolicyUpdate:
             sum(self.forward.lockstep_forward(pol) for pol, _ in self.scale.forward_plan([])).backward()
         self.scale.reduce_gradients(self.params)  # sum of the ranks' shard gradients (no-op on one)
         total = all_reduce_sum(total, self.dist)
-        grad_norm = self.scale.clip_gradients(self.params, cfg.max_grad_norm)
+        grad_norm = self.scale.clip_gradients(self.params, section.max_grad_norm)
         if math.isfinite(total) and math.isfinite(float(grad_norm)):
             self.optimizer.step()
             self.scheduler.step()  # the schedule counts steps taken; a skipped one is not
@@ -326,7 +327,7 @@ class PolicyUpdate:
         stats: dict[str, float] = {}
         # backward per token-budget chunk, each chunk's mean weighted by its share of the events: the
         # accumulated gradient and the stats are those of the whole minibatch's mean value loss
-        for idx in self.critic.token_chunks(texts, self.cfg.max_tokens_per_microbatch):
+        for idx in self.critic.token_chunks(texts, self.section.max_tokens_per_microbatch):
             values = self.critic([texts[i] for i in idx])
             sel = pos[idx]
             old = self.event_values[sel].to(device=values.device, dtype=values.dtype)
@@ -337,7 +338,7 @@ class PolicyUpdate:
             total += float(vloss.detach()) * share
             for k, v in vstats.items():
                 stats[k] = stats.get(k, 0.0) + float(v) * share
-        critic_norm = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm))
+        critic_norm = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.section.max_grad_norm))
         if math.isfinite(total) and math.isfinite(critic_norm):
             self.critic_optimizer.step()
         else:  # as for the policy: a non-finite value loss never reaches the critic's weights

@@ -222,7 +222,7 @@ def test_parts_follow_the_config_after_reconfigure_or_an_assigned_field(tiny_mod
     assert len(calls) == 1  # no token budget: the minibatch is one micro-batch
     budget = max(sum(len(r.prompt_ids) + len(r.response_ids) for r in mb.rows) // 4, 1)
     trainer.reconfigure(max_tokens_per_microbatch=budget)
-    assert trainer.forward.update.max_tokens_per_microbatch == budget == trainer.updater.cfg.max_tokens_per_microbatch
+    assert trainer.forward.update.max_tokens_per_microbatch == budget == trainer.updater.section.max_tokens_per_microbatch
     calls.clear()
     trainer.updater.minibatch_step(mb, table, adv, loss_fn, unit)
     assert len(calls) >= 3 and sum(calls) == mb.num_rows
