@@ -65,14 +65,14 @@ TRAIN_SECTIONS: dict[str, tuple[str, ...]] = {
     # what one iteration samples
     "rollout": (
         "tasks_per_iter", "group_size", "filter_groups", "filter_signal", "max_gen_batches",
-        "temperature", "top_p", "max_new_tokens",
+        "temperature", "top_p", "max_new_tokens", "max_staleness",
     ),
     # the update: batching, optimizer, advantage and loss, off-policy correction
     "update": (
         "epochs", "rows_per_batch", "minibatches_per_iter", "forward_rows", "max_tokens_per_microbatch",
         "prefix_tree", "pack_len", "lr", "warmup", "weight_decay", "max_grad_norm", "clip_eps",
         "clip_eps_high", "norm", "agg", "adv_scale", "adv_estimator", "policy_loss", "kl_coef",
-        "entropy_coef", "tis", "tis_cap",
+        "entropy_coef", "tis", "tis_cap", "staleness_correction",
     ),
     # a critic's own settings (MAPPO) and its GAE
     "critic": ("critic_lr", "critic_max_tokens", "gamma", "gae_lambda", "vf_clip"),

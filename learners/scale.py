@@ -59,6 +59,7 @@ from learners.distributed import (
     load_full_optimizer_state,
 )
 from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_row_weights, tis_stats, tis_weights
+from learners.staleness import admit_rows, decoupled_correction
 
 __all__ = ["BACKENDS", "TIS_MODES", "ScaleHost", "ScaleOut"]
 
@@ -357,13 +358,20 @@ class ScaleOut:
                 raise ValueError(
                     f"these rollouts are evaluation-only and cannot train: {r.meta['evaluation_only']}"
                 )
-        rows, refused = refuse_stale_events(
-            batch.rows, lambda r: int(host.policies[r.role].policy_version), max_lag=0
-        )
-        stats: dict[str, Any] = {"rollout/refused_events": float(refused)}
+        version = lambda r: int(host.policies[r.role].policy_version)  # noqa: E731
+        stats: dict[str, Any]
+        if cfg.max_staleness == 0:  # synchronous: every row comes from the current weights
+            rows, refused = refuse_stale_events(batch.rows, version, max_lag=0)
+            stats = {"rollout/refused_events": float(refused)}
+        else:  # asynchronous: admission control (learners.staleness), rows up to N versions behind
+            admission = admit_rows(batch.rows, version, cfg.max_staleness)
+            rows, refused = admission.rows, admission.events_dropped
+            stats = {"rollout/refused_events": float(refused), **admission.stats()}
         if refused:
             batch = replace(batch, rows=rows)
-        if not self.recomputes_pi_old() or not rows:
+        # the decoupled objective: pi_prox (the weights before this update) recomputed, weights pi_prox / mu
+        decoupled = cfg.max_staleness > 0 and cfg.staleness_correction == "decoupled"
+        if not (self.recomputes_pi_old() or decoupled) or not rows:
             return batch, None, stats
         # pi_old: the learner's log-probs of the rollout tokens under the weights that generated them,
         # from the training forward itself (autocast, temperature, chunking)
@@ -399,10 +407,18 @@ class ScaleOut:
         ]
         batch = replace(batch, rows=new_rows)
         level = self.tis_level(ratio_level)
+        if decoupled:  # --tis auto with hf rollouts: the loss's own level (tis off is refused by the config)
+            level = level or ratio_level
         if level is None:
             return batch, None, stats
         ids: dict[str, int] = {}
         event_index = torch.tensor([ids.setdefault(r.event_id, len(ids)) for r in rows], dtype=torch.long)
+        if decoupled:  # each row against its own behaviour version; SRPO's event weight on its c(K) scale
+            weights, decoupled_stats = decoupled_correction(
+                train, rollout, mask, level=level, cap=cfg.tis_cap, event_index=event_index, norm=norm
+            )
+            stats.update(decoupled_stats)
+            return batch, weights, stats
         weights = tis_weights(
             train, rollout, mask, level=level, cap=cfg.tis_cap, event_index=event_index, norm=norm
         )
@@ -537,6 +553,11 @@ class ScaleOut:
         copy = self._policy_factory()()
         load_model_states(copy, states)
         return distinct_models(copy)
+
+    def policy_copy(self) -> PolicyMap:
+        """A fresh, unsharded copy of the learner's policies (same sharing, device and dtype; the
+        checkpoint's weights, not the learner's: load them), e.g. the asynchronous generator's."""
+        return self._policy_factory()()
 
     def _policy_factory(self) -> Any:
         cfg, host = self.cfg, self.host

@@ -26,7 +26,8 @@ around ``pi_prox`` (the loss's ``old_logprobs`` are ``pi_prox``) and the importa
 
 * token-level losses (GRPO, PPO/MAPPO): per token ``w_t = min(exp(log pi_prox_t - log mu_t), C)``,
   multiplying the token's clipped surrogate (``LossConfig.token_weights``);
-* sequence level (GSPO, SRPO's ``k1``): per row ``min(exp(sum_t m_t (log pi_prox_t - log mu_t)), C)``;
+* sequence level (SRPO's ``k1``): per row ``min(exp(sum_t m_t (log pi_prox_t - log mu_t)), C)``; GSPO's
+  ``sequence-mean``: the same per-token mean, on its length-normalised ratio's scale;
 * SRPO's event (set) ratio, whose members may come from *different* versions ``mu_j``: per member
   ``l_j = sum_t m_jt (log pi_prox_jt - log mu_jt)`` against its own behaviour policy, and one event
   weight on the ``c(K)`` scale of SRPO's clipped ratio ``rho_e = exp(sum_j (lp_j - prox_j) / c(K))``:
@@ -178,7 +179,8 @@ def decoupled_correction(
         behaviour_logprobs: ``[R, T]`` under each row's behaviour policy (the version that sampled
             it; rows of one event may come from different versions).
         mask: ``[R, T]`` loss mask.
-        level: ``token`` | ``sequence`` | ``event`` (the loss's ratio level; see the module docstring).
+        level: ``token`` | ``sequence`` | ``sequence-mean`` | ``event`` (the loss's ratio level; see the
+            module docstring).
         cap: ``C`` > 0, the truncation of every weight.
         event_index: ``[R]`` row -> event, for ``level="event"``.
         norm: SRPO's ``c(K)`` (a name in :data:`learners.losses.EVENT_NORMS`) for the event level.

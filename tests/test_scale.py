@@ -21,7 +21,8 @@ def _trainer(policies: PolicyMap, **cfg) -> SimpleNamespace:
     trainer's, through its training forward, is tested in tests/test_learners_tis.py)."""
     base = dict(
         backend="vllm", temperature=1.0, tis="auto", tis_cap=2.0, rollout_workers=0,
-        dtype="float32", sharing="shared", model="", seed=0, ray_address=None,
+        dtype="float32", sharing="shared", model="", seed=0, ray_address=None, max_staleness=0,
+        staleness_correction="decoupled",
     )  # fmt: skip
 
     def old_logprobs(rows):

@@ -221,8 +221,12 @@ def test_token_level_decoupled_loss_hand_computed() -> None:
     _close(stats["rollout/tis_ess"], sum(tw) ** 2 / (3 * sum(x * x for x in tw)))
 
 
-def test_sequence_level_decoupled_weight_for_gspo() -> None:
-    """GSPO (sequence ratio): one weight per row, min(exp(sum_t m (prox - mu)), C) on its tokens."""
+def test_sequence_level_decoupled_weights() -> None:
+    """Sequence level: one weight per row, min(exp(sum_t m (prox - mu)), C) on its tokens; GSPO's
+    sequence-mean: on its length-normalised ratio's scale, min(exp(mean_t m (prox - mu)), C)."""
     w, _ = decoupled_correction(PROX, MU, MASK, level="sequence", cap=CAP)
     _close(w[:, 0], torch.tensor([math.exp(0.3), math.exp(0.1), CAP], dtype=D))
     assert float(w[0, 2]) == 0.0  # padding
+    w_mean, _ = decoupled_correction(PROX, MU, MASK, level="sequence-mean", cap=CAP)
+    _close(w_mean[:, 1], torch.tensor([math.exp(0.3 / 2), math.exp(0.1 / 3), CAP], dtype=D))  # e^0.75 capped
+    assert (w_mean - MASK).abs().max() > 0.1  # unlike no correction
