@@ -22,6 +22,7 @@ from benchmarks.options import (
     PowerOptions,
     dump_options,
     resolved_train,
+    with_staleness,
 )
 from benchmarks.options import layout as options_layout
 from benchmarks.presets import (  # noqa: F401  (re-exported: the presets' old home)
@@ -631,7 +632,7 @@ def compare_cmd(opts: AlgoCompareOptions) -> None:
     _run_compare(
         model,
         opts.out,
-        {a: ALGORITHMS[a] for a in names},
+        with_staleness({a: ALGORITHMS[a] for a in names}, opts),
         seeds,
         opts.suite,
         train,
@@ -666,7 +667,7 @@ def ablation_cmd(opts: CompareOptions) -> None:
     _run_compare(
         model,
         opts.out,
-        dict(ABLATIONS),
+        with_staleness(dict(ABLATIONS), opts),
         seeds,
         opts.suite,
         train,
@@ -753,6 +754,8 @@ def power_cmd(opts: PowerOptions) -> None:
     names = [v.strip() for v in opts.variants.split(",") if v.strip()]
     if len(names) != 2:
         raise typer.BadParameter(f"give two variants, got {names}", param_hint="--variants")
+    if len(opts.staleness_arms()) > 1:
+        raise typer.BadParameter("a pilot trains two variants: one --max-staleness and one --staleness-correction")
     if from_dir is None:
         from benchmarks.presets import BASELINES
 
@@ -766,7 +769,7 @@ def power_cmd(opts: PowerOptions) -> None:
         _run_compare(
             opts.model or env.bundled_model,
             out,
-            {n: BASELINES[n] for n in names},
+            with_staleness({n: BASELINES[n] for n in names}, opts),
             seeds,
             suite,
             train,

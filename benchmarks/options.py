@@ -93,6 +93,12 @@ class CompareOptions:
     """a finished comparison (its --out) of the same settings but fewer iterations: each run starts from its
     run of the same variant and seed there (exported weights, fresh AdamW moments) and trains the
     iterations after it; gains are still measured against --model"""
+    max_staleness: str | None = None
+    """asynchronous RL (TrainConfig.max_staleness): N for every variant, or (compare) comma-separated Ns,
+    each algorithm trained at each: ALGO (N = 0), ALGO-async1, ALGO-async2, ..."""
+    staleness_correction: str | None = None
+    """with max_staleness >= 1: decoupled (default) or none (the plain clip), or (compare) both
+    comma-separated: the plain-clip variants are named ALGO-asyncN-plain"""
 
     def __post_init__(self) -> None:
         for name in ("iterations", "tasks_per_iter", "group_size", "rows_per_batch", "epochs",
@@ -111,9 +117,26 @@ class CompareOptions:
             raise ValueError(
                 f"train.{fixed[0]} is set by the comparison itself (--model, --out, --suite, --seeds, --env-kwarg)"
             )
+        self.staleness_arms()  # a bad list is a usage error before any run
         self.out = Path(self.out)
         if self.continue_from is not None:
             self.continue_from = Path(self.continue_from)
+
+    def staleness_arms(self) -> list[tuple[int, str]]:
+        """``(max_staleness, staleness_correction)`` of each asynchronous arm asked for: ``[]`` when
+        neither option is given; N = 0 has one arm (its correction does nothing)."""
+        if self.max_staleness is None and self.staleness_correction is None:
+            return []
+        try:
+            levels = [int(x) for x in str(self.max_staleness or "0").split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--max-staleness takes integers >= 0 (comma-separated), got {self.max_staleness!r}") from None
+        fixes = [x.strip() for x in str(self.staleness_correction or "decoupled").split(",") if x.strip()]
+        if not levels or min(levels) < 0 or len(set(levels)) != len(levels):
+            raise ValueError(f"--max-staleness takes distinct integers >= 0, got {self.max_staleness!r}")
+        if not fixes or any(c not in ("decoupled", "none") for c in fixes) or len(set(fixes)) != len(fixes):
+            raise ValueError(f"--staleness-correction takes decoupled and/or none, got {self.staleness_correction!r}")
+        return [(n, c) for n in levels for c in (fixes[:1] if n == 0 else fixes)]
 
     def shortcuts(self) -> dict[str, Any]:
         """The training fields given as options (``--lr`` ...), those not None."""
@@ -149,7 +172,7 @@ class PowerOptions(CompareOptions):
 COMPARE_SECTIONS: dict[str, tuple[str, ...]] = {
     "compare": (
         "model", "out", "suite", "seeds", "reference", "workers", "ray_address", "keep_checkpoints",
-        "continue_from", "env_kwargs",
+        "continue_from", "env_kwargs", "max_staleness", "staleness_correction",
     ),
     "eval": ("eval_k", "eval_limit"),
     "train": SHORTCUTS,
@@ -202,6 +225,21 @@ def resolved_train(opts: CompareOptions, preset: dict[str, Any]) -> dict[str, An
             for lower in layers[:i]:
                 lower.pop("minibatches_per_iter", None)
     return {k: v for layer in layers for k, v in layer.items()}
+
+
+def with_staleness(variants: dict[str, dict[str, Any]], opts: CompareOptions) -> dict[str, dict[str, Any]]:
+    """``variants`` at each of ``opts``' staleness arms (:meth:`CompareOptions.staleness_arms`): N = 0 keeps
+    a variant's name, N >= 1 adds ``-asyncN`` (and ``-plain`` for the plain clip). One arm only: the
+    variants keep their names and all train at it."""
+    arms = opts.staleness_arms()
+    if not arms:
+        return variants
+    out: dict[str, dict[str, Any]] = {}
+    for name, overrides in variants.items():
+        for n, fix in arms:
+            label = name if len(arms) == 1 or n == 0 else f"{name}-async{n}" + ("-plain" if fix == "none" else "")
+            out[label] = {**overrides, "max_staleness": n, "staleness_correction": fix}
+    return out
 
 
 def dump_options(opts: CompareOptions, train: dict[str, Any], header: str = "") -> str:
