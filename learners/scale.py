@@ -96,7 +96,7 @@ class ScaleHost(Protocol):
     its policies and picks its rank's device after its ``ScaleOut`` exists (the layout decides both)."""
 
     cfg: Any
-    """the run's settings (``backend``, ``sharing``, ``dtype``, ``rollout_workers``, ``tis``, ...)"""
+    """the run's ``TrainConfig``: :meth:`ScaleOut.configure` keeps its sections, not the config"""
     device: torch.device
     """this rank's device"""
     model_path: str
@@ -125,14 +125,14 @@ class ScaleOut:
 
     def __init__(self, host: ScaleHost) -> None:
         self.host = host
-        self.cfg = host.cfg
-        self.dist: DistContext = init_distributed(host.device, timeout_s=getattr(self.cfg, "dist_timeout", None))
+        self.configure(host.cfg)
+        self.dist: DistContext = init_distributed(host.device, timeout_s=self.scale_cfg.dist_timeout)
         self.pool: Any = None
         self.rollout_policies: PolicyMap | None = None
         self._synced: list[int] | None = None
         #: FSDP2 sharding is on (``dp_engine=fsdp2`` under a multi-process launch; one process has
         #: nothing to shard with and runs the plain path, which computes the same update)
-        self.fsdp = getattr(self.cfg, "dp_engine", "allreduce") == "fsdp2" and self.dist.enabled
+        self.fsdp = self.scale_cfg.dp_engine == "fsdp2" and self.dist.enabled
         #: FSDP2 with in-process rollouts: an unsharded copy of the policies that generates (a sharded
         #: model's forward is a collective, so ranks could not generate different tasks with it)
         self.rollout_copy: PolicyMap | None = None
@@ -141,6 +141,14 @@ class ScaleOut:
         self.engine: Any = None
         #: backend=openai: the served log-probs probe ran (:meth:`probe_served`, once, before training)
         self._probed = False
+
+    def configure(self, cfg: Any) -> None:
+        """Take the config sections this layout reads (again after :meth:`learners.trainer.Trainer.reconfigure`):
+        ``[engine]`` (which engine, how it is reached), ``[scale]`` (Ray workers, ranks, timeouts), ``[policy]``
+        (sharing, LoRA rank, dtype), ``[run]`` (env, seed, out_dir), ``[update]`` (TIS, staleness correction)
+        and ``[rollout]`` (max_staleness); nothing else of the config is kept."""
+        self.engine_cfg, self.scale_cfg, self.policy_cfg = cfg.engine, cfg.scale, cfg.policy
+        self.run_cfg, self.update_cfg, self.rollout_cfg = cfg.run, cfg.update, cfg.rollout
 
     # ------------------------------------------------------------------ device
     def rank_device(self, device: torch.device) -> torch.device:
@@ -159,8 +167,8 @@ class ScaleOut:
         self, train_env: Callable[[], Any], eval_env: Callable[[], Any], sampling: SamplingParams
     ) -> tuple[Any, Any]:
         """The train and eval collectors of this rank (Ray on rank 0, vLLM, or the learner's model)."""
-        cfg, host = self.cfg, self.host
-        if cfg.rollout_workers > 0:
+        host = self.host
+        if self.scale_cfg.rollout_workers > 0:
             if not self.dist.is_main:
                 return None, None  # rank 0 collects and broadcasts
             from agents.ray_rollout import RolloutWorkerPool
@@ -168,17 +176,17 @@ class ScaleOut:
             on_gpu = host.device.type == "cuda"
             # vLLM workers take the run's dtype; HF workers hold float32 masters (float64 for exact tests)
             factory = engine_factory(
-                cfg.backend,
+                self.engine_cfg.backend,
                 host.model_path,
                 host.roles,
-                sharing=cfg.sharing,
-                lora_rank=cfg.lora_rank,
+                sharing=self.policy_cfg.sharing,
+                lora_rank=self.policy_cfg.lora_rank,
                 device=host.device.type,
-                dtype=cfg.dtype if cfg.backend == "vllm" else _master_dtype(cfg.dtype),
+                dtype=self.policy_cfg.dtype if self.engine_cfg.backend == "vllm" else _master_dtype(self.policy_cfg.dtype),
             )
-            workers = cfg.rollout_workers
-            remote = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-            if remote and "Search" in cfg.env_id and "retriever_url" not in cfg.env_kwargs:
+            workers = self.scale_cfg.rollout_workers
+            remote = self.scale_cfg.ray_address or os.environ.get("RAY_ADDRESS")
+            if remote and "Search" in self.run_cfg.env_id and "retriever_url" not in self.run_cfg.env_kwargs:
                 host.log(
                     "warning: rollout workers on a Ray cluster build their own retriever on every node; "
                     "serve one (`srpo serve-retriever`) and pass --env-kwarg retriever_url=http://HOST:PORT"
@@ -186,24 +194,24 @@ class ScaleOut:
             self.pool = RolloutWorkerPool(
                 factory,
                 workers,
-                ray_address=cfg.ray_address,
+                ray_address=self.scale_cfg.ray_address,
                 torch_threads=max(1, (os.cpu_count() or 1) // workers),
-                num_gpus=engine_gpus(cfg.backend, on_gpu),
-                call_timeout_s=cfg.rollout_timeout,
+                num_gpus=engine_gpus(self.engine_cfg.backend, on_gpu),
+                call_timeout_s=self.scale_cfg.rollout_timeout,
             )
             return self.pool.collector(train_env, sampling), self.pool.collector(eval_env, sampling)
         policies = host.policies
-        if self.fsdp and cfg.backend == "hf":
+        if self.fsdp and self.engine_cfg.backend == "hf":
             policies = self.rollout_copy = self._policy_factory()()
-        if cfg.backend == "vllm":
+        if self.engine_cfg.backend == "vllm":
             from agents.vllm import PER_ROLE_REFUSAL, vllm_lora_policy_map
 
-            if cfg.sharing == "per-role":
+            if self.policy_cfg.sharing == "per-role":
                 raise ValueError(PER_ROLE_REFUSAL)
-            lora = cfg.sharing == "lora"  # one engine, a LoRA adapter per role (agents.vllm)
+            lora = self.policy_cfg.sharing == "lora"  # one engine, a LoRA adapter per role (agents.vllm)
             kwargs: dict[str, Any] = {}
             if lora:
-                kwargs.update(lora_rank=cfg.lora_rank, max_loras=len(host.roles))
+                kwargs.update(lora_rank=self.policy_cfg.lora_rank, max_loras=len(host.roles))
             if self.dist.enabled:
                 # one engine per rank that joins the launcher's process group (vLLM's external_launcher,
                 # as verl and TRL colocate): vLLM's default executor would build a world of one inside an
@@ -212,30 +220,30 @@ class ScaleOut:
             engine = self.engine = local_engine(
                 "vllm",
                 host.model_path,
-                dtype=cfg.dtype,
-                seed=cfg.seed,
-                gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                sleep_mode=cfg.vllm_sleep,
-                enforce_eager=cfg.vllm_enforce_eager,
+                dtype=self.policy_cfg.dtype,
+                seed=self.run_cfg.seed,
+                gpu_memory_utilization=self.engine_cfg.vllm_gpu_memory_utilization,
+                sleep_mode=self.engine_cfg.vllm_sleep,
+                enforce_eager=self.engine_cfg.vllm_enforce_eager,
                 **kwargs,
             )
-            if cfg.vllm_sleep and not engine.sleep_mode:
+            if self.engine_cfg.vllm_sleep and not engine.sleep_mode:
                 host.log("vLLM: no sleep mode in this build (CPU): the engine stays awake in updates")
             policies = self.rollout_policies = (
                 vllm_lora_policy_map(engine, host.roles)
                 if lora
                 else PolicyMap.shared(engine, host.roles)
             )
-        if cfg.backend == "openai":  # a vLLM server: a LoRA adapter per role, pushed over HTTP
+        if self.engine_cfg.backend == "openai":  # a vLLM server: a LoRA adapter per role, pushed over HTTP
             from learners.served import ServedAdapters, served_rollout_policies
 
-            self.served = ServedAdapters(os.path.join(cfg.out_dir, "served-adapters"))
+            self.served = ServedAdapters(os.path.join(self.run_cfg.out_dir, "served-adapters"))
             policies = self.rollout_policies = served_rollout_policies(
-                str(cfg.base_url),
+                str(self.engine_cfg.base_url),
                 host.roles,
-                max_concurrency=cfg.served_concurrency,
-                timeout=cfg.served_timeout,
-                extra_body=cfg.served_sampling,
+                max_concurrency=self.engine_cfg.served_concurrency,
+                timeout=self.engine_cfg.served_timeout,
+                extra_body=self.engine_cfg.served_sampling,
             )
         return RolloutCollector(train_env, policies, sampling), RolloutCollector(eval_env, policies, sampling)
 
@@ -243,7 +251,7 @@ class ScaleOut:
     def collect(self, collector: Any, tasks: Sequence[int], group_size: int, seed: int) -> RolloutBatch:
         """The iteration's rollout batch, identical on every rank; then the vLLM engine sleeps (where
         vLLM supports it) so that the update has its memory, until the next push wakes it."""
-        if self.cfg.backend == "openai" and not self._probed and tasks:
+        if self.engine_cfg.backend == "openai" and not self._probed and tasks:
             self._probed = True
             self.probe_served(collector, tasks[0], seed)
         batch = self._collect(collector, tasks, group_size, seed)
@@ -253,7 +261,7 @@ class ScaleOut:
 
     def _collect(self, collector: Any, tasks: Sequence[int], group_size: int, seed: int) -> RolloutBatch:
         self.sync_weights()
-        if self.cfg.rollout_workers > 0:
+        if self.scale_cfg.rollout_workers > 0:
             batch = collector.collect(tasks, group_size, seed=seed) if self.dist.is_main else None
             return broadcast_object(batch, self.dist)
         if not self.dist.enabled:
@@ -279,14 +287,14 @@ class ScaleOut:
             [r.behaviour_logprobs for r in rows],
             self.old_logprobs(rows),
             [r.response_mask for r in rows],
-            self.cfg.logprob_tolerance,
+            self.engine_cfg.logprob_tolerance,
             when="before training (probe: one episode)",
-            sent=request_sampling(self.cfg.served_sampling),
+            sent=request_sampling(self.engine_cfg.served_sampling),
         )
         self.host.log(
             f"served log-probs probe: mean |server - learner| {out['mean_abs']:.2e} per token (max "
             f"{out['max_abs']:.2e}) over {int(out['tokens'])} tokens of {int(out['rows'])} rows, within "
-            f"--logprob-tolerance {self.cfg.logprob_tolerance:g}"
+            f"--logprob-tolerance {self.engine_cfg.logprob_tolerance:g}"
         )
         return out
 
@@ -305,9 +313,9 @@ class ScaleOut:
             from agents.ray_rollout import model_states
 
             # vLLM workers of a bf16 run hold bf16 weights: ship them as such (half the bytes)
-            engine_dtype = torch.bfloat16 if self.cfg.backend == "vllm" and self.cfg.dtype == "bfloat16" else None
+            engine_dtype = torch.bfloat16 if self.engine_cfg.backend == "vllm" and self.policy_cfg.dtype == "bfloat16" else None
             self.pool.load_weights(model_states(host.policies, dtype=engine_dtype), versions)
-        if self.rollout_policies is not None and self.cfg.backend == "openai":
+        if self.rollout_policies is not None and self.engine_cfg.backend == "openai":
             self.served.sync(self.rollout_policies, host.policies, force=self._synced is None)
         elif self.rollout_policies is not None:
             from agents.vllm import sync_rollout_engine
@@ -321,8 +329,8 @@ class ScaleOut:
     def tis_level(self, ratio_level: str) -> str | None:
         """The TIS level of this run: None (off, or ``auto`` with HF rollouts), else ``tis`` or, for
         ``auto``, the loss's ``ratio_level``."""
-        mode = self.cfg.tis
-        if mode == "off" or (mode == "auto" and self.cfg.backend == "hf"):
+        mode = self.update_cfg.tis
+        if mode == "off" or (mode == "auto" and self.engine_cfg.backend == "hf"):
             return None
         return ratio_level if mode == "auto" else mode
 
@@ -330,7 +338,7 @@ class ScaleOut:
         """Whether :meth:`prepare` replaces the rows' behaviour log-probs with the learner's recompute:
         with another rollout engine (vLLM), and under bf16 autocast, where the rollout's float32
         log-probs are not those of the training forward (the first ratio would not be 1)."""
-        return self.cfg.backend != "hf" or self.cfg.dtype == "bfloat16"
+        return self.engine_cfg.backend != "hf" or self.policy_cfg.dtype == "bfloat16"
 
     def prepare(
         self,
@@ -352,7 +360,7 @@ class ScaleOut:
         ``rollout/tis_weight_mean``, ``rollout/tis_capped_frac`` and ``rollout/tis_ess`` (over loss
         tokens at token level, over rows otherwise).
         """
-        host, cfg = self.host, self.cfg
+        host = self.host
         for r in batch.rows:  # e.g. a server that returned text without token ids (agents.openai_policy)
             if r.meta.get("evaluation_only"):
                 raise ValueError(
@@ -360,17 +368,17 @@ class ScaleOut:
                 )
         version = lambda r: int(host.policies[r.role].policy_version)  # noqa: E731
         stats: dict[str, Any]
-        if cfg.max_staleness == 0:  # synchronous: every row comes from the current weights
+        if self.rollout_cfg.max_staleness == 0:  # synchronous: every row comes from the current weights
             rows, refused = refuse_stale_events(batch.rows, version, max_lag=0)
             stats = {"rollout/refused_events": float(refused)}
         else:  # asynchronous: admission control (learners.staleness), rows up to N versions behind
-            admission = admit_rows(batch.rows, version, cfg.max_staleness)
+            admission = admit_rows(batch.rows, version, self.rollout_cfg.max_staleness)
             rows, refused = admission.rows, admission.events_dropped
             stats = {"rollout/refused_events": float(refused), **admission.stats()}
         if refused:
             batch = replace(batch, rows=rows)
         # the decoupled objective: pi_prox (the weights before this update) recomputed, weights pi_prox / mu
-        decoupled = cfg.max_staleness > 0 and cfg.staleness_correction == "decoupled"
+        decoupled = self.rollout_cfg.max_staleness > 0 and self.update_cfg.staleness_correction == "decoupled"
         if not (self.recomputes_pi_old() or decoupled) or not rows:
             return batch, None, stats
         # pi_old: the learner's log-probs of the rollout tokens under the weights that generated them,
@@ -386,16 +394,16 @@ class ScaleOut:
             rollout[i, :n] = torch.tensor(r.behaviour_logprobs, dtype=torch.float64)
             mask[i, :n] = torch.tensor(r.response_mask, dtype=torch.float64)
         stats.update(mismatch_metrics(train, rollout, mask))
-        if cfg.backend == "openai":  # the probe's gate, every iteration (a server restarted with other settings)
+        if self.engine_cfg.backend == "openai":  # the probe's gate, every iteration (a server restarted with other settings)
             from learners.served import check_logprobs, request_sampling
 
             check_logprobs(
                 [r.behaviour_logprobs for r in rows],
                 recomputed,
                 [r.response_mask for r in rows],
-                cfg.logprob_tolerance,
+                self.engine_cfg.logprob_tolerance,
                 when="in this iteration's rollouts",
-                sent=request_sampling(cfg.served_sampling),
+                sent=request_sampling(self.engine_cfg.served_sampling),
             )
         new_rows = [
             replace(
@@ -415,20 +423,20 @@ class ScaleOut:
         event_index = torch.tensor([ids.setdefault(r.event_id, len(ids)) for r in rows], dtype=torch.long)
         if decoupled:  # each row against its own behaviour version; SRPO's event weight on its c(K) scale
             weights, decoupled_stats = decoupled_correction(
-                train, rollout, mask, level=level, cap=cfg.tis_cap, event_index=event_index, norm=norm
+                train, rollout, mask, level=level, cap=self.update_cfg.tis_cap, event_index=event_index, norm=norm
             )
             stats.update(decoupled_stats)
             return batch, weights, stats
         weights = tis_weights(
-            train, rollout, mask, level=level, cap=cfg.tis_cap, event_index=event_index, norm=norm
+            train, rollout, mask, level=level, cap=self.update_cfg.tis_cap, event_index=event_index, norm=norm
         )
         if level == "token":
             values = weights[mask != 0]
         else:
             values = tis_row_weights(
-                train, rollout, mask, level=level, cap=cfg.tis_cap, event_index=event_index, norm=norm
+                train, rollout, mask, level=level, cap=self.update_cfg.tis_cap, event_index=event_index, norm=norm
             )
-        stats.update(tis_stats(values, cfg.tis_cap))
+        stats.update(tis_stats(values, self.update_cfg.tis_cap))
         return batch, weights, stats
 
     def old_logprobs(self, rows: Sequence[Any]) -> list[list[float]]:
@@ -560,15 +568,15 @@ class ScaleOut:
         return self._policy_factory()()
 
     def _policy_factory(self) -> Any:
-        cfg, host = self.cfg, self.host
+        host = self.host
         return engine_factory(
             "hf",
             host.model_path,
             host.roles,
-            sharing=cfg.sharing,
-            lora_rank=cfg.lora_rank,
+            sharing=self.policy_cfg.sharing,
+            lora_rank=self.policy_cfg.lora_rank,
             device=str(host.device),
-            dtype=_master_dtype(cfg.dtype),
+            dtype=_master_dtype(self.policy_cfg.dtype),
         )
 
     def _sync_full_weights(self, versions: list[int]) -> None:

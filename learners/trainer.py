@@ -566,13 +566,13 @@ class Trainer:
         every part gets its new sections. Only fields its parts read after construction take effect
         (batching, loss, forward and TIS settings); the model, sharing and optimizers stay as built."""
         self.cfg = replace(self.cfg, **changes)
-        self.scale.cfg = self.cfg
         self._hand_out_sections()
 
     def _hand_out_sections(self) -> None:
         """Give every part its current sections (after :meth:`reconfigure`, or a field assigned on
         ``self.cfg``: its section views are then rebuilt, so a part holding an old one is found by identity)."""
         cfg = self.cfg
+        self.scale.configure(cfg)
         self.forward.configure(cfg.policy, cfg.update, cfg.rollout.temperature)
         self.updater.configure(cfg.update, cfg.critic, cfg.guard, cfg.rollout.max_new_tokens)
         self.rollout_phase.rollout = cfg.rollout

@@ -589,7 +589,9 @@ def test_pi_old_is_recomputed_by_each_rank_for_its_own_share(tiny_model_dir, mon
             scored.setdefault(rank, []).extend(id(r) for r in part)
             return policy.compute_logprobs([r.prompt_ids for r in part], [r.response_ids for r in part], 1.0)
 
-        cfg = SimpleNamespace(dp_engine="allreduce")
+        from learners.trainer import TrainConfig
+
+        cfg = TrainConfig(dp_engine="allreduce")
         return SimpleNamespace(cfg=cfg, device=torch.device("cpu"), old_logprobs=old_logprobs)
 
     whole = trainer(-1).old_logprobs(rows)

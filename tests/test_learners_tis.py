@@ -284,7 +284,7 @@ def test_update_with_token_tis_and_learner_behaviour_equals_no_tis(
         ("plain", "hf", batch.rows),
         ("shifted", "vllm", shifted),
     ):
-        trainer.cfg.backend = backend  # the learner recomputes pi_old as it would for vLLM rollouts
+        trainer.reconfigure(backend=backend)  # the learner recomputes pi_old as it would for vLLM rollouts
         for pol in trainer.policies.policies:
             pol.policy_version = 0  # the rows' version: _update bumps it, and stale rows are refused
         logs[name] = trainer.update(dataclasses.replace(batch, rows=rows), 1)
@@ -340,7 +340,7 @@ def test_srpo_row_weights_reach_their_own_rows(tiny_model_dir: Path, tmp_path: P
     from learners.batching import build_event_table
 
     trainer = _trainer(tiny_model_dir, tmp_path, algo="srpo", tis="sequence", tis_cap=10.0)
-    trainer.cfg.backend = "vllm"  # the learner recomputes pi_old as it would for vLLM rollouts
+    trainer.reconfigure(backend="vllm")  # the learner recomputes pi_old as it would for vLLM rollouts
     batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
     g0_wins(batch.rows)
     table = build_event_table(batch.rows)
@@ -383,7 +383,7 @@ def test_srpo_event_weight_is_on_the_scale_of_its_clipped_ratio(tiny_model_dir: 
     shift = 0.01
     for norm in ("sqrt",):
         trainer = _trainer(tiny_model_dir, tmp_path / norm, algo="srpo", norm=norm)
-        trainer.cfg.backend = "vllm"
+        trainer.reconfigure(backend="vllm")
         assert trainer.scale.tis_level("event") == "event"  # --tis auto: SRPO's event level
         batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
         g0_wins(batch.rows)
@@ -413,7 +413,7 @@ def test_auto_tis_is_token_level_for_per_token_losses(tiny_model_dir: Path, tmp_
     +-0.3 token shifts: token weights exp(+-0.3) (mean 1.045, ESS < 1), where a sequence weight would
     be their product (about 1 on even-length rows)."""
     trainer = _trainer(tiny_model_dir, tmp_path, algo="grpo")
-    trainer.cfg.backend = "vllm"
+    trainer.reconfigure(backend="vllm")
     batch = trainer.collector.collect([0, 1], group_size=2, seed=3)
     g0_wins(batch.rows)
     rows = [

@@ -29,8 +29,10 @@ def _trainer(policies: PolicyMap, **cfg) -> SimpleNamespace:
         pol = policies.policies[0]
         return pol.compute_logprobs([r.prompt_ids for r in rows], [r.response_ids for r in rows], 1.0)
 
+    from learners.trainer import TrainConfig  # the real config: ScaleOut takes its sections
+
     return SimpleNamespace(
-        cfg=SimpleNamespace(**{**base, **cfg}),
+        cfg=TrainConfig(**{**base, **cfg}),
         policies=policies,
         device=torch.device("cpu"),
         old_logprobs=old_logprobs,
