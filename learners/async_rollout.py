@@ -90,8 +90,9 @@ class RolloutPipeline(Generic[T]):
         if first <= last and missing:
             raise ValueError(
                 f"resuming at iteration {first} with max_staleness {self.n} needs the weights after "
-                f"iteration(s) {missing}, which were not given (a checkpoint of a run with another "
-                "--max-staleness?)"
+                f"iteration(s) {missing}, which were not given: an asynchronous run's checkpoint carries them; "
+                "exported weights (bench compare --continue-from) or another run's checkpoint do not, so "
+                "continue those with --max-staleness 0"
             )
         self._generate, self._load = generate, load
         self._snapshots = dict(snapshots)
