@@ -88,7 +88,7 @@ _FAST = {("srpo", "lora")}
 @pytest.mark.parametrize(
     ("algo", "sharing"),
     [
-        pytest.param(a, s, marks=() if (a, s) in _FAST else pytest.mark.slow, id=f"{a}-{s}")
+        pytest.param(a, s, marks=pytest.mark.numeric if (a, s) in _FAST else pytest.mark.slow, id=f"{a}-{s}")
         for a in ALGOS
         for s in SHARINGS
     ],

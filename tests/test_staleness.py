@@ -23,6 +23,8 @@ from learners.staleness import (
     staleness_histogram,
 )
 
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under the other CPU kernel sets
+
 D = torch.float64
 
 
