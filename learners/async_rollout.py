@@ -134,15 +134,21 @@ class RolloutPipeline(Generic[T]):
 
     # ------------------------------------------------------------------ learner side
     def take(self, iteration: int) -> Produced[T]:
-        """Iteration ``iteration``'s batch (waits for it); a failure of the generator is re-raised here."""
+        """Iteration ``iteration``'s batch (waits for it); a failure of the generator is re-raised here,
+        as the exception the generator raised (its type decides the exit status)."""
         if not self.first <= iteration <= self.last:
             raise ValueError(f"iteration {iteration} is outside the pipeline's {self.first}..{self.last}")
         t0 = time.perf_counter()
         with self._cond:
             self._cond.wait_for(lambda: iteration in self._results or self._error is not None)
             if iteration not in self._results:
-                assert self._error is not None
-                raise RuntimeError(f"the rollout generator failed: {self._error!r}") from self._error
+                # the generator's own exception, not a wrapper: srpo's exit status is chosen by its type
+                # (an ExternalServiceError exits 5, a MemoryError 4; a RuntimeError would read as a bug, 70)
+                err = self._error
+                assert err is not None
+                if "raised in the rollout generator thread" not in getattr(err, "__notes__", ()):
+                    err.add_note("raised in the rollout generator thread")
+                raise err
             produced = self._results.pop(iteration)
             # weights no batch after this one needs any more
             keep = generation_version(iteration + 1, self.n)

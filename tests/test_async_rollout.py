@@ -95,8 +95,10 @@ def test_a_generator_failure_is_raised_in_the_learner() -> None:
         for it in (1, 2):
             assert pipe.take(it).result == it
             pipe.publish(it, f"w{it}")
-        with pytest.raises(RuntimeError, match="env broke"):
+        # the generator's own exception type (srpo_cli maps types to exit statuses), not a RuntimeError
+        with pytest.raises(KeyError, match="env broke") as info:
             pipe.take(3)
+        assert "raised in the rollout generator thread" in info.value.__notes__
     finally:
         pipe.close()
 
