@@ -86,7 +86,14 @@ def _macro_std(rec: LeaderboardRecord, metric: str) -> float:
     return (rec.macro_std or {}).get(metric, 0.0)
 
 
-def _cell_std(rec: LeaderboardRecord, ds: str, metric: str) -> float | None:
+def _cell_std(rec: LeaderboardRecord, ds: str | None, metric: str) -> float | None:
+    """The ``± std over seeds`` a cell shows (``ds`` None: the macro column); None, shown as no spread,
+    when the record has none or has one seed: a standard deviation over one seed is 0 by construction
+    and would read as a measured, perfectly stable result."""
+    if _n_seeds(rec) < 2:
+        return None
+    if ds is None:
+        return None if rec.macro_std is None else rec.macro_std.get(metric)
     if rec.metrics_std is None:
         return None
     return rec.metrics_std.get(ds, {}).get(metric)
@@ -315,7 +322,7 @@ def _md_rows(
             pm = _fmt_pm(tab.metric, _cell_std(rec, ds, tab.metric)) if value is not None else ""
             cells.append(_fmt(tab.metric, value) + (f" {pm}" if pm else ""))
         macro = rec.macro.get(tab.metric)
-        pm = _fmt_pm(tab.metric, (rec.macro_std or {}).get(tab.metric)) if macro is not None else ""
+        pm = _fmt_pm(tab.metric, _cell_std(rec, None, tab.metric)) if macro is not None else ""
         cells += [_fmt(tab.metric, macro) + (f" {pm}" if pm else ""), str(rec.k), str(len(rec.seeds))]
         cells += [_md_text(_date(rec)), _md_text(", ".join(_status(rec, status))), f"`{rec.short_hash}`"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -600,11 +607,7 @@ def _html_table(
                 _td_num(tab.metric, rec.metrics.get(ds, {}).get(tab.metric), _cell_std(rec, ds, tab.metric))
                 for ds in tab.datasets
             ],
-            _td_num(
-                tab.metric,
-                rec.macro.get(tab.metric),
-                None if rec.macro_std is None else rec.macro_std.get(tab.metric),
-            ),
+            _td_num(tab.metric, rec.macro.get(tab.metric), _cell_std(rec, None, tab.metric)),
             f'<td class="num" data-value="{rec.k}">{rec.k}</td>',
             f'<td class="num" data-value="{len(rec.seeds)}" title="{_e(rec.seeds)}">{len(rec.seeds)}</td>',
             f'<td data-value="{_e(prov.date)}" title="{_e(prov.date)}">{_e(_date(rec))}</td>',

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from leaderboards.render import render_html, write_leaderboard
+from leaderboards.render import render_html, render_markdown, write_leaderboard
 from leaderboards.schema import LeaderboardRecord, make_record
 
 pytestmark = pytest.mark.browser
@@ -414,8 +414,6 @@ def test_decision_table_per_suite_in_the_browser(chromium, tmp_path) -> None:
 
 
 def test_decision_table_in_markdown() -> None:
-    from leaderboards.render import render_markdown
-
     md = render_markdown(RECORDS, decisions=DECISIONS)
     math_part = md.split("## qa")[0]
     assert "### Decisions" in math_part and r"| grpo | srpo | -1.2 | \[-3.1, +0.7\] | 0.41 | undecided | 2.7 | 10 |" in md
@@ -478,6 +476,9 @@ def test_one_seed_table_shares_ranks_in_the_browser(chromium, tmp_path) -> None:
     assert [[c for c, _ in r][4] for r in dec.tables["quick-search"]] == ["—", "—"]  # P(A>B)
     assert [[c for c, _ in r][6] for r in dec.tables["quick-search"]] == ["—", "—"]  # MDE
     assert "Every row has one training seed" in proc.stdout
+    # a std over one seed is 0 by construction: no cell claims a measured "±0.0000" spread (page or markdown)
+    assert "±0.0000" not in proc.stdout and "±0.0000" not in render_markdown(ONE_SEED)
+    assert column(table, "macro")[0] == "0.3320"  # the value alone, no "±0.0000" under it
     shot = tmp_path / "one-seed.png"
     proc = subprocess.run(
         [str(chromium), *FLAGS, "--window-size=1280,1000", f"--user-data-dir={tmp_path / 'q'}",
