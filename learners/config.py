@@ -296,15 +296,18 @@ def write_run_config(cfg: TrainConfig, out_dir: str | Path | None = None) -> Pat
     """Write ``cfg`` as ``OUT/config.toml`` (atomically): ``srpo train --config OUT/config.toml`` reruns it.
 
     A config TOML cannot hold (a ``None`` inside ``env_kwargs``: TOML has no null) warns and writes
-    nothing instead of stopping the run; checkpoints keep the config as JSON either way."""
+    nothing instead of stopping the run; checkpoints keep the config as JSON either way. A previous
+    run's ``config.toml`` in the same directory is then removed: left there, it would rerun another run."""
     from srpo_common import atomic_write_text
 
+    path = Path(out_dir or cfg.out_dir) / "config.toml"
     try:
         text = dumps_train_config(cfg)
     except ConfigFileError as exc:
+        path.unlink(missing_ok=True)
         warnings.warn(f"config.toml not written: {exc}", stacklevel=2)
         return None
-    return atomic_write_text(Path(out_dir or cfg.out_dir) / "config.toml", text)
+    return atomic_write_text(path, text)
 
 
 def read_train_config(

@@ -387,6 +387,9 @@ def test_views_are_not_pickled_and_help_lists_config_and_set() -> None:
 
 def test_a_config_toml_cannot_hold_warns_instead_of_stopping_the_run(tmp_path: Path) -> None:
     cfg = TrainConfig(model="m", env_kwargs={"retriever_url": None})
+    # a previous run's file in the same --out must not survive to rerun that other run
+    train_config.write_run_config(TrainConfig(model="other"), tmp_path)
+    assert (tmp_path / "config.toml").exists()
     with pytest.warns(UserWarning, match="TOML has no null"):
         assert train_config.write_run_config(cfg, tmp_path) is None
     assert not (tmp_path / "config.toml").exists()
