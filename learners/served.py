@@ -85,7 +85,7 @@ def check_logprobs(
         "tokens": float(tokens),
         "rows": float(len(server)),
     }
-    if out["mean_abs"] > tolerance:
+    if not out["mean_abs"] <= tolerance:  # NaN too: a NaN log-prob (from either side) is no agreement
         hint = (
             "server above learner on average: a truncated distribution (top_k, top_p < 1, min_p) renormalised "
             "onto fewer tokens"

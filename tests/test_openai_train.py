@@ -143,6 +143,9 @@ def test_check_logprobs_numbers_and_tolerance() -> None:
     assert out == {"mean_abs": 0.25, "max_abs": 0.5, "mean_signed": 0.25, "tokens": 2.0, "rows": 1.0}
     with pytest.raises(LogprobMismatchError, match=r"= 0.2500 nats per token > --logprob-tolerance 0.2 \(max 0.5000"):
         check_logprobs([[-1.0, -2.0, -9.0]], [[-1.5, -2.0, -1.0]], [[1, 1, 0]], 0.2, when="now")
+    # a NaN log-prob on a trained token is refused, not compared as "not above the tolerance"
+    with pytest.raises(LogprobMismatchError, match="= nan nats per token"):
+        check_logprobs([[-1.0, float("nan")]], [[-1.0, -2.0]], [[1, 1]], 0.3, when="now")
     with pytest.raises(ValueError, match="logprob_tolerance >= 0"):
         TrainConfig(model="m", logprob_tolerance=-1.0)
 
