@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from srpo_common.config_file import ConfigFileError, Layout
+from srpo_common.config_file import Layout, shipped_experiment
 
 #: Where the shipped experiment files live (package data: found from an installed package too).
 EXPERIMENTS_DIR = Path(__file__).resolve().parent / "experiments"
@@ -204,14 +204,7 @@ def layout(cls: type[CompareOptions]) -> Layout:
 
 def experiment_path(name: str | Path) -> Path:
     """``--config NAME``: a file, else a shipped experiment (``benchmarks/experiments/NAME.toml``)."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    shipped = EXPERIMENTS_DIR / f"{path.name.removesuffix('.toml')}.toml"
-    if len(path.parts) == 1 and shipped.is_file():
-        return shipped
-    names = ", ".join(sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.toml")))
-    raise ConfigFileError(f"no experiment file {name} (shipped experiments: {names})")
+    return shipped_experiment(name, EXPERIMENTS_DIR)
 
 
 def resolved_train(opts: CompareOptions, preset: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from srpo_common.config_file import ConfigFileError, Layout
+from srpo_common.config_file import ConfigFileError, Layout, shipped_experiment
 
 if TYPE_CHECKING:
     from learners.trainer import TrainConfig
@@ -236,14 +236,7 @@ EXPERIMENTS_DIR = Path(__file__).resolve().parent / "experiments"
 
 def experiment_path(name: str | Path) -> Path:
     """``--config NAME``: a file, else a shipped experiment (``learners/experiments/NAME.toml``)."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    shipped = EXPERIMENTS_DIR / f"{path.name.removesuffix('.toml')}.toml"
-    if len(path.parts) == 1 and shipped.is_file():
-        return shipped
-    names = ", ".join(sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.toml")))
-    raise ConfigFileError(f"no experiment file {name} (shipped experiments: {names})")
+    return shipped_experiment(name, EXPERIMENTS_DIR)
 
 
 def non_default(cfg: TrainConfig) -> dict[str, Any]:

@@ -48,6 +48,20 @@ class ConfigFileError(ValueError):
     """A bad experiment file or ``--set`` item: unknown key, wrong section, unparsable TOML."""
 
 
+def shipped_experiment(name: str | Path, directory: Path) -> Path:
+    """``--config NAME``: a file, else an experiment shipped as ``directory/NAME.toml`` (a bare name,
+    with or without ``.toml``); a :class:`ConfigFileError` listing the shipped ones otherwise. One rule for
+    ``srpo train`` (``learners/experiments``) and ``srpo bench`` (``benchmarks/experiments``)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = directory / f"{path.name.removesuffix('.toml')}.toml"
+    if len(path.parts) == 1 and shipped.is_file():
+        return shipped
+    names = ", ".join(sorted(p.stem for p in directory.glob("*.toml")))
+    raise ConfigFileError(f"no experiment file {name} (shipped experiments: {names})")
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Which section each field of a flat config dataclass belongs to.
