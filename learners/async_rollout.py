@@ -166,8 +166,10 @@ class RolloutPipeline(Generic[T]):
     def checkpoint_snapshots(self, done: int) -> dict[int, Snapshot]:
         """The snapshots a run checkpointed after iteration ``done`` needs to regenerate its in-flight
         batches ``done + 1 .. done + N`` (the current weights, ``done``, are the checkpoint's own and are
-        left out)."""
-        need = {generation_version(t, self.n) for t in range(done + 1, min(self.last, done + self.n) + 1)}
+        left out). Also past ``last``: ``--iterations`` may grow on resume (an extendable field), and the
+        run then goes on with batches this pipeline would never have generated; the take() cleanup keeps
+        every one of these snapshots, so the final checkpoint can carry them too."""
+        need = {generation_version(t, self.n) for t in range(done + 1, done + self.n + 1)}
         need.discard(done)
         with self._cond:
             return {k: self._snapshots[k] for k in sorted(need)}

@@ -77,6 +77,22 @@ def test_resume_regenerates_in_flight_batches_from_the_checkpointed_snapshots() 
     assert resumed == full[5:]
 
 
+def test_the_last_checkpoint_carries_what_a_longer_resumed_run_needs() -> None:
+    """--iterations is extendable on resume: a run of 5 iterations checkpointed at its end, resumed to 9,
+    must make the batches an uninterrupted 9-iteration run made (its checkpoint carries weights 3, 4)."""
+    _, full, _ = _run(2, 1, 9, {0: "w0"})
+    copy = _Copy()
+    pipe = RolloutPipeline(copy.generate, copy.load, 2, 1, 5, {0: "w0"}, gen_threads=None)
+    for it in range(1, 6):
+        pipe.take(it)
+        pipe.publish(it, f"w{it}")
+    carried = pipe.checkpoint_snapshots(5)
+    pipe.close()
+    assert carried == {3: "w3", 4: "w4"}
+    _, resumed, _ = _run(2, 6, 9, {**carried, 5: "w5"})
+    assert resumed == full[5:]
+
+
 def test_resume_without_the_needed_snapshots_is_refused() -> None:
     with pytest.raises(ValueError, match=r"weights after iteration\(s\) \[3, 4\]"):
         RolloutPipeline(lambda it: it, lambda d, s: None, 2, 6, 9, {5: "w5"}, gen_threads=None)
