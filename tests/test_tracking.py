@@ -146,7 +146,11 @@ def test_registry_and_multi_tracker_fan_out(tmp_path: Path) -> None:
         def close(self) -> None:
             calls.append(("close", None))
 
-    TRACKERS["recorder"] = Recorder
+    from learners.tracking import register_tracker
+
+    with pytest.raises(ValueError, match="without commas"):
+        register_tracker("a,b", Recorder)
+    register_tracker("recorder", Recorder)  # the public door a new backend uses
     try:
         tracker = open_trackers("recorder,console", tmp_path, echo=lambda s: calls.append(("echo", s)))
         assert tracker.names == ("jsonl", "recorder", "console")  # metrics.jsonl is always written
