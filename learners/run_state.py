@@ -20,6 +20,7 @@ import torch
 
 from agents.policy import PolicyMap
 from learners import checkpoint as ckpt
+from learners.tracking import STATE_FILE as TRACKER_STATE_FILE
 from learners.tracking import MultiTracker
 
 __all__ = ["FullStates", "RunState"]
@@ -140,11 +141,14 @@ class RunState:
 
     def clear(self) -> None:
         """A fresh start in this directory: remove a previous checkpoint and metrics file, so neither is
-        resumed nor appended to later (a kept checkpoint of other settings must never be resumed)."""
+        resumed nor appended to later (a kept checkpoint of other settings must never be resumed), and the
+        trackers' run ids (``trackers.json``): a run continued from another one's weights opens its
+        trackers as a resume, and must not reattach to the W&B / MLflow run of what trained here before."""
         if ckpt.remove_checkpoints(self.out):
             self.log(f"fresh start: removed the previous checkpoint in {self.out}")
         if self.metrics_path.exists():
             self.metrics_path.unlink()
+        (self.out / TRACKER_STATE_FILE).unlink(missing_ok=True)
 
     def adopt_metrics(self, run_dir: str | os.PathLike[str], iteration: int) -> None:
         """Start this run's curve with ``run_dir``'s rows up to ``iteration`` (a continued run's history)."""

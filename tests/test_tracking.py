@@ -329,3 +329,15 @@ def test_every_backend_reads_back_what_metrics_jsonl_holds(
         if v.tag == "_hparams_/session_start_info"
     ]
     assert len(sessions) == 1
+
+
+def test_a_fresh_start_forgets_the_trackers_run_ids(tmp_path: Path) -> None:
+    """``Trainer.start_fresh`` / ``continue_from`` clear the run directory: a continued run opens its
+    trackers with ``resume=True`` and would otherwise reattach to the W&B/MLflow run trained there before."""
+    from learners.run_state import RunState
+    from learners.tracking import STATE_FILE
+
+    (tmp_path / STATE_FILE).write_text('{"wandb": {"id": "old", "mode": "offline"}}\n')
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    RunState(tmp_path, None, None, None, None).clear()  # type: ignore[arg-type]
+    assert not (tmp_path / STATE_FILE).exists() and not (tmp_path / "metrics.jsonl").exists()
