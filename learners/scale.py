@@ -34,6 +34,7 @@ generates elsewhere is gathered here, behind a few calls the loop makes:
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -141,6 +142,10 @@ class ScaleOut:
         self.engine: Any = None
         #: backend=openai: the served log-probs probe ran (:meth:`probe_served`, once, before training)
         self._probed = False
+        #: max_staleness >= 1 with Ray rollout workers: the generator thread pushes each batch's weights
+        #: itself (push_weights) and holds this lock over push + collect; evaluation holds it too
+        self.generation_lock = threading.RLock()
+        self.pinned_weights = False
 
     def configure(self, cfg: Any) -> None:
         """Take the config sections this layout reads (again after :meth:`learners.trainer.Trainer.reconfigure`):
@@ -260,7 +265,8 @@ class ScaleOut:
         return batch
 
     def _collect(self, collector: Any, tasks: Sequence[int], group_size: int, seed: int) -> RolloutBatch:
-        self.sync_weights()
+        if not self.pinned_weights:  # asynchronous: the generator pushed the batch's own weights
+            self.sync_weights()
         if self.scale_cfg.rollout_workers > 0:
             batch = collector.collect(tasks, group_size, seed=seed) if self.dist.is_main else None
             return broadcast_object(batch, self.dist)
@@ -297,6 +303,17 @@ class ScaleOut:
             f"--logprob-tolerance {self.engine_cfg.logprob_tolerance:g}"
         )
         return out
+
+    def push_weights(self, states: dict[str, dict[str, torch.Tensor]], versions: list[int]) -> None:
+        """Ray rollout workers: load ``states`` (an older snapshot of the learner's weights, with its
+        policy versions) into every worker, unless they hold those versions already (the asynchronous
+        generator's push; a worker restarted later gets the same weights again)."""
+        if self.pool is None:
+            raise ValueError("push_weights needs Ray rollout workers (rollout_workers > 0)")
+        if self._synced == list(versions):
+            return
+        self.pool.load_weights({m: {k: v.to("cpu") for k, v in sd.items()} for m, sd in states.items()}, versions)
+        self._synced = list(versions)
 
     def sync_weights(self) -> None:
         """Push the learner's weights to the rollout engine when its version moved (no-op in-process)."""

@@ -401,11 +401,11 @@ class TrainConfig:
             raise ValueError(
                 f"staleness_correction must be one of {STALENESS_CORRECTIONS}, got {self.staleness_correction!r}"
             )
-        if n and (self.backend != "hf" or self.rollout_workers > 0):
+        if n and self.backend != "hf":
             raise ValueError(
-                "max_staleness >= 1 runs a generator thread with its own copy of the policies in this process "
-                f"(backend=hf, rollout_workers=0); got backend={self.backend!r}, rollout_workers="
-                f"{self.rollout_workers} (Ray workers and served engines are not wired for it yet)"
+                "max_staleness >= 1 generates with the transformers policy (backend=hf: a copy in this process, "
+                f"or Ray rollout workers); got backend={self.backend!r} (vLLM and served engines are not wired "
+                "for it yet)"
             )
         if n and self.staleness_correction == "decoupled" and self.tis == "off":
             raise ValueError(
@@ -663,12 +663,13 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, n: int | None = None, k: int | None = None, seed: int = 10_007) -> float:
         """Held-out team accuracy: ``n`` eval-split tasks x ``k`` samples, fixed sampling seeds."""
-        self.scale.sync_weights()  # every rank: under FSDP2 gathering the weights is collective
-        if not self.dist.is_main:  # rank 0 evaluates; every rank returns its number
-            return broadcast_object(None, self.dist)
-        n = min(n or self.cfg.eval_problems, self.n_eval_tasks)
-        batch = self.eval_collector.collect(list(range(n)), group_size=k or self.cfg.eval_k, seed=seed)
-        return broadcast_object(batch.accuracy, self.dist)
+        with self.scale.generation_lock:  # async + Ray workers: not while the generator holds them
+            self.scale.sync_weights()  # every rank: under FSDP2 gathering the weights is collective
+            if not self.dist.is_main:  # rank 0 evaluates; every rank returns its number
+                return broadcast_object(None, self.dist)
+            n = min(n or self.cfg.eval_problems, self.n_eval_tasks)
+            batch = self.eval_collector.collect(list(range(n)), group_size=k or self.cfg.eval_k, seed=seed)
+            return broadcast_object(batch.accuracy, self.dist)
 
     # ------------------------------------------------------------------ loop
     def train(self) -> list[dict[str, Any]]:
@@ -715,6 +716,7 @@ class Trainer:
             if pipeline is not None:
                 pipeline.close()
                 self._pipeline = None
+                self.scale.pinned_weights = False
                 torch.set_num_threads(self._learner_threads)
         if bar is not None:
             bar.close()
@@ -791,6 +793,11 @@ class Trainer:
 
         if self.dist.enabled:
             raise ValueError("max_staleness >= 1 runs in one process; under torchrun train with max_staleness 0")
+        snapshots = {**self._carried_snapshots, self.iteration: self._snapshot()}
+        self._carried_snapshots = {}
+        self._learner_threads = torch.get_num_threads()
+        if self.scale.pool is not None:  # Ray rollout workers generate: each batch's weights pushed to them first
+            return self._ray_pipeline(snapshots)
         copy = self.scale.policy_copy()
         for pol in copy.policies:
             pol.autocast_dtype = generation_autocast(self.cfg.dtype, self.device)
@@ -803,12 +810,30 @@ class Trainer:
         def load(done: int, snap: tuple[list[int], dict[str, dict[str, torch.Tensor]]]) -> None:
             load_model_states(copy, snap[1], snap[0])
 
-        snapshots = {**self._carried_snapshots, self.iteration: self._snapshot()}
-        self._carried_snapshots = {}
-        self._learner_threads = torch.get_num_threads()
         torch.set_num_threads(max(1, self._learner_threads - 1))
         return RolloutPipeline(
             phase.run, load, self.cfg.max_staleness, self.iteration + 1, self.cfg.iterations, snapshots, gen_threads=1
+        )
+
+    def _ray_pipeline(self, snapshots: dict[int, Any]) -> RolloutPipeline:
+        """The generator thread driving the Ray rollout workers (:meth:`ScaleOut.collect` is the seam): it
+        pushes the batch's snapshot to the workers and collects under ``scale.generation_lock`` (evaluation,
+        which pushes the learner's current weights, takes it too), so every batch is generated with exactly
+        its weights; a worker lost mid-flight is restarted with them and its share re-run, as today."""
+        held: dict[str, Any] = {}
+
+        def load(done: int, snap: tuple[list[int], dict[str, dict[str, torch.Tensor]]]) -> None:
+            held["snap"] = snap
+
+        def generate(it: int) -> Any:
+            versions, states = held["snap"]
+            with self.scale.generation_lock:
+                self.scale.push_weights(states, versions)
+                return self.rollout_phase.run(it)
+
+        self.scale.pinned_weights = True
+        return RolloutPipeline(
+            generate, load, self.cfg.max_staleness, self.iteration + 1, self.cfg.iterations, snapshots, gen_threads=1
         )
 
     def _async_state(self) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def test_max_staleness_config_is_checked() -> None:
         TrainConfig(algo="srpo", model="m", max_staleness=-1)
     with pytest.raises(ValueError, match="staleness_correction must be one of"):
         TrainConfig(algo="srpo", model="m", max_staleness=1, staleness_correction="areal")
-    with pytest.raises(ValueError, match="Ray workers and served engines are not wired"):
+    with pytest.raises(ValueError, match="vLLM and served engines are not wired"):
         TrainConfig(algo="srpo", model="m", max_staleness=1, backend="vllm")
     with pytest.raises(ValueError, match="--tis off leaves no level"):
         TrainConfig(algo="srpo", model="m", max_staleness=1, tis="off")
@@ -140,3 +140,50 @@ def test_async_run_logs_staleness_and_the_correction(tiny_model_dir: Path, tmp_p
     assert hist[0]["rollout/tis_ess"] == pytest.approx(1.0, abs=1e-9)  # on-policy: every weight 1
     assert hist[-1]["rollout/tis_ess"] < 1.0 and hist[-1]["rollout/mismatch_kl"] > 0
     assert "rollout/tis_ess" not in plain[-1] and plain[-1]["rollout/staleness_max"] == 2
+
+
+@pytest.mark.slow
+def test_ray_rollout_workers_generate_the_async_batches(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """N = 1 with one Ray rollout worker: the generator thread pushes each batch's snapshot to the
+    worker before collecting, so the run samples the tokens the in-process generator samples (the
+    worker's float32 log-probs may differ in the last bits: other process, same kernels) and every
+    batch comes from the weights the bound assigns, rows one version behind."""
+    import ray
+
+    from agents.ray_rollout import RayRolloutCollector, ensure_ray, shutdown_ray
+    from agents.rollout import RolloutCollector
+    from tests._builders import g0_wins
+
+    def rewarded(collect):
+        def run(self, *a, **k):
+            batch = collect(self, *a, **k)
+            g0_wins(batch.rows)
+            return batch
+
+        return run
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(RolloutCollector, "collect", rewarded(RolloutCollector.collect))
+    mp.setattr(RayRolloutCollector, "collect", rewarded(RayRolloutCollector.collect))
+    started = not ray.is_initialized()
+    if started:
+        ensure_ray(num_cpus=2)
+    try:
+        local = train(_config(tiny_model_dir, tmp_path / "local", 1, iterations=4), log=None)
+        remote = train(
+            checkpoint_run_config(
+                tiny_model_dir, tmp_path / "ray", iterations=4, max_staleness=1, tasks_per_iter=2,
+                rollout_workers=1,
+            ),
+            log=None,
+        )  # fmt: skip
+    finally:
+        mp.undo()
+        if started:
+            shutdown_ray()
+    assert [h["rollout/weights_of"] for h in remote] == [0, 0, 1, 2]
+    assert [h["rollout/staleness_max"] for h in remote] == [0, 1, 1, 1]
+    same = ("team_tokens", "mean_response_len", "rows", "train_accuracy", "rollout/staleness")
+    assert [{k: h[k] for k in same} for h in remote] == [{k: h[k] for k in same} for h in local]
+    for a, b in zip(remote, local, strict=True):
+        assert a["actor/loss"] == pytest.approx(b["actor/loss"], abs=1e-4 * max(1.0, abs(b["actor/loss"])))
