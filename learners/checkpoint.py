@@ -739,6 +739,42 @@ def validate_train_state(state: Mapping[str, Any]) -> None:
             ):
                 errors.append(f"scheduler/{key} must be learning rates in [0, the configured {lr!r}]")
     errors += _rng_errors(state.get("rng"))
+    if state.get("async_snapshots") is not None:  # max_staleness >= 1: the in-flight batches' weights
+        errors += _async_snapshot_errors(state["async_snapshots"], it)
     if errors:
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
         raise CheckpointError("checkpoint state is invalid: " + "; ".join(errors[:3]) + more)
+
+
+def _async_snapshot_errors(snaps: Any, iteration: Any) -> list[str]:
+    """``async_snapshots`` (``Trainer.checkpoint_state`` with ``max_staleness >= 1``): ``{"<learner iteration
+    before the checkpoint's>": {"versions": [non-negative int], "models": {name: {param: finite tensor}}}}``.
+    Checked with the rest, so a junk snapshot is one CheckpointError before the trainer is touched, not a
+    traceback after its weights were restored (or in the generator thread, when it loads it)."""
+    if not isinstance(snaps, Mapping):
+        return ["async_snapshots must map iterations to weight snapshots"]
+    errors: list[str] = []
+    for key, snap in snaps.items():
+        where = f"async_snapshots/{str(key)[:20]}"
+        if not (
+            isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 12
+            and (not _is_int(iteration) or int(key) < iteration)
+        ):  # fmt: skip
+            errors.append(f"{where}: a snapshot is keyed by an iteration before the checkpoint's")
+            continue
+        if not isinstance(snap, Mapping) or set(snap) != {"versions", "models"}:
+            errors.append(f"{where} must hold exactly versions and models")
+            continue
+        versions, models = snap["versions"], snap["models"]
+        if not isinstance(versions, list) or not all(_is_int(v) and v >= 0 for v in versions):
+            errors.append(f"{where}/versions must be a list of non-negative integers")
+        if not isinstance(models, Mapping) or not models or not all(
+            isinstance(t, Mapping) and all(isinstance(x, torch.Tensor) for x in t.values()) for t in models.values()
+        ):
+            errors.append(f"{where}/models must map model names to parameter tensors")
+            continue
+        for name, tensors in models.items():
+            bad = nonfinite_tensors(tensors)
+            if bad:
+                errors.append(f"{where}/models/{name} has non-finite weights in {len(bad)} tensors")
+    return errors

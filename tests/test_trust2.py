@@ -290,6 +290,9 @@ def _edit_state(run: Path, edit) -> None:
             "$ndarray",
         ),
         (lambda s: s["rng"].update(python=[1, 2]), "rng/python"),
+        # an asynchronous run's in-flight weights (checked with the rest, before anything is restored)
+        (lambda s: s.update(async_snapshots={"x": 1}), "async_snapshots/x"),
+        (lambda s: s.update(async_snapshots={"0": {"versions": [0], "models": {"model0": 1}}}), "async_snapshots/0/models"),
     ],
 )
 def test_junk_resume_state_is_one_line_and_leaves_metrics_alone(
