@@ -140,7 +140,11 @@ class RolloutPipeline(Generic[T]):
             raise ValueError(f"iteration {iteration} is outside the pipeline's {self.first}..{self.last}")
         t0 = time.perf_counter()
         with self._cond:
-            self._cond.wait_for(lambda: iteration in self._results or self._error is not None)
+            self._cond.wait_for(
+                lambda: iteration in self._results or self._error is not None or self._closed
+            )
+            if iteration not in self._results and self._error is None:  # closed: nothing will come
+                raise RuntimeError(f"the rollout pipeline was closed before iteration {iteration}'s batch")
             if iteration not in self._results:
                 # the generator's own exception, not a wrapper: srpo's exit status is chosen by its type
                 # (an ExternalServiceError exits 5, a MemoryError 4; a RuntimeError would read as a bug, 70)

@@ -413,6 +413,14 @@ def open_trackers(
             state = json.loads(state_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # unreadable: start new runs rather than fail the resume
             state = {}
+        # hand-edited or foreign: keep only {backend: {key: str}} entries (anything else starts a new run)
+        if not isinstance(state, dict):
+            state = {}
+        state = {
+            k: v
+            for k, v in state.items()
+            if isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+        }
     run = RunInfo(out_dir=out, name=out.resolve().name, resume=resume, echo=echo or print, state=state)
     trackers: dict[str, Tracker] = {ALWAYS: TRACKERS[ALWAYS](run)}
     try:

@@ -124,3 +124,22 @@ def test_close_stops_a_generator_waiting_for_weights() -> None:
     assert pipe.take(1).result == 1
     pipe.close()  # the generator waits for the weights after iteration 1 (batch 3): must not hang
     assert not pipe._thread.is_alive()
+
+
+def test_take_after_close_raises_instead_of_waiting_forever() -> None:
+    pipe = RolloutPipeline(lambda it: it, lambda d, s: None, 1, 1, 5, {0: "w0"}, gen_threads=None)
+    assert pipe.take(1).result == 1
+    pipe.close()  # batch 3 needs the weights after iteration 1, which nobody will publish now
+    done: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _take_into(pipe, 3, done), daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "take() after close() waited forever"
+    assert len(done) == 1 and isinstance(done[0], RuntimeError) and "closed" in str(done[0])
+
+
+def _take_into(pipe: RolloutPipeline, iteration: int, out: list[BaseException]) -> None:
+    try:
+        pipe.take(iteration)
+    except BaseException as exc:  # noqa: BLE001 (the test inspects whatever take raised)
+        out.append(exc)

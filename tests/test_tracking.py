@@ -166,6 +166,32 @@ def test_registry_and_multi_tracker_fan_out(tmp_path: Path) -> None:
     ]
 
 
+
+def test_a_junk_trackers_json_starts_new_runs_instead_of_crashing(tmp_path: Path) -> None:
+    """``OUT/trackers.json`` is read on resume: an entry that is not ``{key: str}`` (hand-edited, another
+    tool's) must not reach a backend (MLflow read ``previous.get(...)`` from it: AttributeError)."""
+    from learners.tracking import STATE_FILE, register_tracker
+
+    seen: list[dict[str, Any]] = []
+
+    class Peek:
+        def __init__(self, run: Any) -> None:
+            seen.append(dict(run.state))
+
+        def log_hparams(self, config: Any) -> None: ...
+        def log(self, metrics: Any, step: int) -> None: ...
+        def close(self) -> None: ...
+
+    register_tracker("peek", Peek)
+    try:
+        for junk in ('["not", "a", "dict"]', '{"mlflow": "run-1", "wandb": {"id": 3}, "x": {"id": "a"}}'):
+            (tmp_path / STATE_FILE).write_text(junk)
+            open_trackers("peek", tmp_path, resume=True, main=True).close()
+    finally:
+        del TRACKERS["peek"]
+    assert seen == [{}, {"x": {"id": "a"}}]
+
+
 # --------------------------------------------------------------------------- the W&B offline run reader
 def _wandb_records(path: Path) -> list[Any]:
     """The protobuf records of a W&B offline run's ``run-<id>.wandb``.
