@@ -614,31 +614,24 @@ def _compare_command(cls: type[CompareOptions], **kwargs: Any) -> Any:
 _SUITE_HELP = f"suite to train for and evaluate on: {', '.join(TRAINING_ENVS)}"
 
 
-@app.command("compare")
-@_compare_command(AlgoCompareOptions, helps={"suite": _SUITE_HELP})
-def compare_cmd(opts: AlgoCompareOptions) -> None:
-    """Train each algorithm for each seed from MODEL and compare before/after accuracy; decide each
-    algorithm against the reference (decisions.md / decisions.csv)."""
-    from benchmarks.presets import BASELINES as ALGORITHMS
-
+def _compare_from_options(
+    opts: CompareOptions, variants: dict[str, Any], default_seeds: Any, title: str
+) -> None:
+    """Run ``variants`` as a comparison from its options (compare and ablation differ only in these)."""
     model = _required_model(opts)
-    names = [a.strip() for a in opts.algos.split(",") if a.strip()]
-    unknown = [a for a in names if a not in ALGORITHMS]
-    if unknown:
-        raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(ALGORITHMS)}")
     train = _comparison_train(opts)
-    seeds = _default_seeds(opts.suite, opts.seeds, COMPARE_DEFAULTS["seeds"])
+    seeds = _default_seeds(opts.suite, opts.seeds, default_seeds)
     k, limit = _eval_settings(opts.suite, opts.eval_k, opts.eval_limit)
     _run_compare(
         model,
         opts.out,
-        with_staleness({a: ALGORITHMS[a] for a in names}, opts),
+        with_staleness(variants, opts),
         seeds,
         opts.suite,
         train,
         k,
         limit,
-        f"{opts.suite}: algorithms",
+        title,
         opts.workers,
         opts.ray_address,
         opts.reference,
@@ -646,6 +639,23 @@ def compare_cmd(opts: AlgoCompareOptions) -> None:
         keep_checkpoints=opts.keep_checkpoints,
         continue_from=opts.continue_from,
         experiment=_experiment(opts, seeds, train, k, limit),
+    )
+
+
+@app.command("compare")
+@_compare_command(AlgoCompareOptions, helps={"suite": _SUITE_HELP})
+def compare_cmd(opts: AlgoCompareOptions) -> None:
+    """Train each algorithm for each seed from MODEL and compare before/after accuracy; decide each
+    algorithm against the reference (decisions.md / decisions.csv)."""
+    from benchmarks.presets import BASELINES as ALGORITHMS
+
+    _required_model(opts)  # a missing --model is reported before an unknown algorithm
+    names = [a.strip() for a in opts.algos.split(",") if a.strip()]
+    unknown = [a for a in names if a not in ALGORITHMS]
+    if unknown:
+        raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(ALGORITHMS)}")
+    _compare_from_options(
+        opts, {a: ALGORITHMS[a] for a in names}, COMPARE_DEFAULTS["seeds"], f"{opts.suite}: algorithms"
     )
 
 
@@ -660,29 +670,9 @@ def ablation_cmd(opts: CompareOptions) -> None:
     the reference (decisions.md / decisions.csv)."""
     from benchmarks.presets import ABLATIONS
 
-    model = _required_model(opts)
-    train = _comparison_train(opts)
-    seeds = _default_seeds(opts.suite, opts.seeds, COMPARE_DEFAULTS["ablation_seeds"])
-    k, limit = _eval_settings(opts.suite, opts.eval_k, opts.eval_limit)
-    _run_compare(
-        model,
-        opts.out,
-        with_staleness(dict(ABLATIONS), opts),
-        seeds,
-        opts.suite,
-        train,
-        k,
-        limit,
-        "SRPO normalisation ablation",
-        opts.workers,
-        opts.ray_address,
-        opts.reference,
-        env_kwargs=_training_env_kwargs(opts.suite, opts.env_kwargs),
-        keep_checkpoints=opts.keep_checkpoints,
-        continue_from=opts.continue_from,
-        experiment=_experiment(opts, seeds, train, k, limit),
+    _compare_from_options(
+        opts, dict(ABLATIONS), COMPARE_DEFAULTS["ablation_seeds"], "SRPO normalisation ablation"
     )
-
 
 
 @app.command("report")
