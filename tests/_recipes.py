@@ -168,7 +168,7 @@ def _experiment(name: str) -> dict[str, object]:
     try:
         path = experiment_path(name)
     except ConfigFileError:
-        return {}  # a placeholder (exp.toml, a run's config.toml): nothing to run
+        return {}  # a name the docs use for the reader's own file (exp.toml, RUN/config.toml): no recipe
     sections = tomllib.loads(path.read_text(encoding="utf-8"))
     return {k: v for table in sections.values() if isinstance(table, dict) for k, v in table.items()}
 

@@ -61,17 +61,24 @@ def test_each_iteration_is_generated_with_the_weights_the_bound_assigns(n: int) 
     assert max(ahead) <= n + 1  # never further ahead than the rule allows
 
 
+def _carried_at_five(last: int) -> dict[int, str]:
+    """The snapshots an N = 2 pipeline of iterations 1..``last`` checkpoints after iteration 5."""
+    copy = _Copy()
+    pipe = RolloutPipeline(copy.generate, copy.load, 2, 1, last, {0: "w0"}, gen_threads=None)
+    try:
+        for it in range(1, 6):
+            pipe.take(it)
+            pipe.publish(it, f"w{it}")
+        return pipe.checkpoint_snapshots(5)
+    finally:
+        pipe.close()
+
+
 def test_resume_regenerates_in_flight_batches_from_the_checkpointed_snapshots() -> None:
     """Killed after iteration 5 with N = 2: batches 6 and 7 were in flight (weights after 3 and 4);
     the resumed pipeline gets those snapshots from the checkpoint and makes the same batches."""
     _, full, _ = _run(2, 1, 9, {0: "w0"})
-    copy = _Copy()
-    pipe = RolloutPipeline(copy.generate, copy.load, 2, 1, 9, {0: "w0"}, gen_threads=None)
-    for it in range(1, 6):
-        pipe.take(it)
-        pipe.publish(it, f"w{it}")
-    carried = pipe.checkpoint_snapshots(5)
-    pipe.close()
+    carried = _carried_at_five(last=9)
     assert carried == {3: "w3", 4: "w4"}  # generation_version(6, 2) = 3, (7, 2) = 4; 5 is the checkpoint's
     _, resumed, _ = _run(2, 6, 9, {**carried, 5: "w5"})
     assert resumed == full[5:]
@@ -81,13 +88,7 @@ def test_the_last_checkpoint_carries_what_a_longer_resumed_run_needs() -> None:
     """--iterations is extendable on resume: a run of 5 iterations checkpointed at its end, resumed to 9,
     must make the batches an uninterrupted 9-iteration run made (its checkpoint carries weights 3, 4)."""
     _, full, _ = _run(2, 1, 9, {0: "w0"})
-    copy = _Copy()
-    pipe = RolloutPipeline(copy.generate, copy.load, 2, 1, 5, {0: "w0"}, gen_threads=None)
-    for it in range(1, 6):
-        pipe.take(it)
-        pipe.publish(it, f"w{it}")
-    carried = pipe.checkpoint_snapshots(5)
-    pipe.close()
+    carried = _carried_at_five(last=5)
     assert carried == {3: "w3", 4: "w4"}
     _, resumed, _ = _run(2, 6, 9, {**carried, 5: "w5"})
     assert resumed == full[5:]

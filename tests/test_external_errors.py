@@ -48,6 +48,26 @@ def _srpo(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
     return int(info.value.code or 0), err
 
 
+def _eval_against_failing_server(
+    failure: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    """``srpo bench eval`` against a stand-in whose every completion request fails with ``failure``
+    (GET /models answers): (exit code, stderr, the server's API root)."""
+    server = StandIn(model="x")
+    server.failures = [failure] * 100
+    srv = _http_standin(server)
+    url = f"{srv.url}/v1"
+    try:
+        code, err = _srpo(
+            ["bench", "eval", "--model", "openai:x", "--base-url", url, "--suite", "quick-math", "--k", "1",
+             "--limit", "1", "--out", str(tmp_path / "eval"), "--no-progress"],
+            capsys,
+        )  # fmt: skip
+    finally:
+        srv.stop()
+    return code, err, url
+
+
 @pytest.mark.slow  # five attempts with the CLI's backoff: ~8 s each
 @pytest.mark.parametrize(
     ("failure", "says"),
@@ -60,18 +80,7 @@ def _srpo(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
 def test_bench_eval_names_a_failing_server_with_its_own_exit_status(
     failure: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    server = StandIn(model="x")
-    server.failures = [failure] * 100  # every completion request fails (GET /models answers)
-    srv = _http_standin(server)
-    url = f"{srv.url}/v1"
-    try:
-        code, err = _srpo(
-            ["bench", "eval", "--model", "openai:x", "--base-url", url, "--suite", "quick-math", "--k", "1",
-             "--limit", "1", "--out", str(tmp_path / "eval"), "--no-progress"],
-            capsys,
-        )  # fmt: skip
-    finally:
-        srv.stop()
+    code, err, url = _eval_against_failing_server(failure, tmp_path, capsys)
     last = err.strip().splitlines()[-1]
     assert code == EXTERNAL, err
     assert last.startswith(f"error: the OpenAI-compatible server at {url}/"), last
@@ -85,18 +94,8 @@ def test_bench_eval_names_a_failing_server_with_its_own_exit_status(
 def test_a_retry_after_longer_than_the_client_waits_stops_at_once_and_says_when(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    server = StandIn(model="x")
-    server.failures = ["429:120"] * 100
-    srv = _http_standin(server)
     t0 = time.perf_counter()
-    try:
-        code, err = _srpo(
-            ["bench", "eval", "--model", "openai:x", "--base-url", f"{srv.url}/v1", "--suite", "quick-math",
-             "--k", "1", "--limit", "1", "--out", str(tmp_path / "eval"), "--no-progress"],
-            capsys,
-        )  # fmt: skip
-    finally:
-        srv.stop()
+    code, err, _ = _eval_against_failing_server("429:120", tmp_path, capsys)
     last = err.strip().splitlines()[-1]
     assert code == EXTERNAL, err
     assert "retry after 120s (Retry-After)" in last and "rerun in 120s or more" in last, last
