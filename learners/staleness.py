@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from agents.rows import Row
-from learners.offpolicy import mismatch_metrics, tis_row_weights, tis_stats, tis_weights
+from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_row_weights, tis_stats, tis_weights
 
 __all__ = [
     "STALENESS_CORRECTIONS",
@@ -154,11 +154,11 @@ def admit_rows(rows: Sequence[Row], current_version: Callable[[Row], int], max_s
     (event-atomic: SRPO's ratio is over all members). Kept rows stay in input order; a row newer than
     the learner is an error."""
     _check_staleness(max_staleness)
-    hist = staleness_histogram(rows, current_version)
-    stale_rows = [r for r in rows if _lag(r, current_version) > max_staleness]
-    bad_events = {r.event_id for r in stale_rows}
-    kept = [r for r in rows if r.event_id not in bad_events]
-    return Admission(kept, len(stale_rows), len(bad_events), hist)
+    hist = staleness_histogram(rows, current_version)  # raises on a row newer than the learner
+    # the synchronous loop's event-atomic refusal, at N instead of 0
+    kept, events_dropped = refuse_stale_events(rows, current_version, max_lag=max_staleness)
+    stale = sum(n for lag, n in hist.items() if int(lag) > max_staleness)
+    return Admission(kept, stale, events_dropped, hist)
 
 
 def decoupled_correction(
