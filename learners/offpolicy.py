@@ -39,6 +39,7 @@ __all__ = [
     "tis_row_weights",
     "tis_stats",
     "tis_weights",
+    "tis_weights_and_stats",
 ]
 
 TIS_LEVELS = ("token", "sequence", "sequence-mean", "event")
@@ -198,6 +199,35 @@ def tis_stats(weights: Tensor, cap: float) -> dict[str, float]:
         "rollout/tis_capped_frac": float((w >= cap * (1 - 1e-9)).double().mean()),
         "rollout/tis_ess": float(w.sum()) ** 2 / (w.numel() * sq) if sq > 0 else 0.0,
     }
+
+
+def tis_weights_and_stats(
+    train_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    level: str,
+    cap: float,
+    event_index: Tensor | None = None,
+    norm: str = "sum",
+) -> tuple[Tensor, dict[str, float]]:
+    """:func:`tis_weights` and their :func:`tis_stats` in one call (arguments as there).
+
+    The stats are over loss tokens at token level and over the rows' (or events') own weights
+    otherwise, so a long row does not count once per token. Both TIS against a rollout engine
+    (``learners.scale``) and the decoupled objective of asynchronous runs (``learners.staleness``)
+    weigh and report through this one function.
+    """
+    weights = tis_weights(
+        train_logprobs, rollout_logprobs, mask, level=level, cap=cap, event_index=event_index, norm=norm
+    )
+    if level == "token":
+        values = weights[mask != 0]
+    else:
+        values = tis_row_weights(
+            train_logprobs, rollout_logprobs, mask, level=level, cap=cap, event_index=event_index, norm=norm
+        )
+    return weights, tis_stats(values, cap)
 
 
 def mismatch_metrics(train_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> dict[str, float]:

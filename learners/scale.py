@@ -59,7 +59,7 @@ from learners.distributed import (
     load_full_model_state,
     load_full_optimizer_state,
 )
-from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_row_weights, tis_stats, tis_weights
+from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_weights_and_stats
 from learners.staleness import admit_rows, decoupled_correction
 
 __all__ = ["BACKENDS", "TIS_MODES", "ScaleHost", "ScaleOut"]
@@ -444,16 +444,10 @@ class ScaleOut:
             )
             stats.update(decoupled_stats)
             return batch, weights, stats
-        weights = tis_weights(
+        weights, tis = tis_weights_and_stats(
             train, rollout, mask, level=level, cap=self.update_cfg.tis_cap, event_index=event_index, norm=norm
         )
-        if level == "token":
-            values = weights[mask != 0]
-        else:
-            values = tis_row_weights(
-                train, rollout, mask, level=level, cap=self.update_cfg.tis_cap, event_index=event_index, norm=norm
-            )
-        stats.update(tis_stats(values, self.update_cfg.tis_cap))
+        stats.update(tis)
         return batch, weights, stats
 
     def old_logprobs(self, rows: Sequence[Any]) -> list[list[float]]:

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from agents.rows import Row
-from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_row_weights, tis_stats, tis_weights
+from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_weights_and_stats
 
 __all__ = [
     "STALENESS_CORRECTIONS",
@@ -190,15 +190,8 @@ def decoupled_correction(
     ``rollout/tis_weight_mean``, ``rollout/tis_capped_frac`` (over loss tokens at token level, over
     rows otherwise) and ``rollout/mismatch_kl`` (k3 ``KL(mu || pi_prox)`` per loss token).
     """
-    weights = tis_weights(
+    weights, stats = tis_weights_and_stats(
         prox_logprobs, behaviour_logprobs, mask, level=level, cap=cap, event_index=event_index, norm=norm
     )
-    if level == "token":
-        values = weights[mask != 0]
-    else:
-        values = tis_row_weights(
-            prox_logprobs, behaviour_logprobs, mask, level=level, cap=cap, event_index=event_index, norm=norm
-        )
-    stats = tis_stats(values, cap)
     stats["rollout/mismatch_kl"] = mismatch_metrics(prox_logprobs, behaviour_logprobs, mask)["rollout/kl"]
     return weights, stats
