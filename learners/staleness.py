@@ -14,7 +14,7 @@ iteration ``t``'s rollouts (1-based, trained on at version ``t - 1``) may use ve
 ``max(0, t - 1 - N)`` at the oldest: :func:`generation_version`. Rows from elsewhere (Ray workers,
 a served engine that lags) are checked again when they are trained on: a row more than ``N`` versions
 behind is dropped and counted (``rollout/stale_dropped``), and an event that lost a member is dropped
-whole (``rollout/stale_events_dropped``), because SRPO's set ratio needs every member of an event
+whole (``rollout/refused_events``, the synchronous loop's count of the same thing), because SRPO's set ratio needs every member of an event
 (the batching drops incomplete events for the same reason).
 
 **The decoupled objective** (AReaL's decoupled PPO, :func:`decoupled_correction`). Two policies play
@@ -135,8 +135,8 @@ class Admission:
 
     def stats(self) -> dict[str, object]:
         """``rollout/staleness`` (histogram), ``rollout/staleness_mean`` and ``rollout/staleness_max``
-        of the rows offered, and the drop counts (``rollout/stale_dropped``,
-        ``rollout/stale_events_dropped``)."""
+        of the rows offered, and the rows dropped for staleness (``rollout/stale_dropped``). The events
+        dropped whole are ``rollout/refused_events``, as in the synchronous loop (``learners.scale``)."""
         n = sum(self.histogram.values())
         mean = sum(int(k) * v for k, v in self.histogram.items()) / n if n else 0.0
         return {
@@ -144,7 +144,6 @@ class Admission:
             "rollout/staleness_mean": float(mean),
             "rollout/staleness_max": float(max((int(k) for k in self.histogram), default=0)),
             "rollout/stale_dropped": float(self.stale_dropped),
-            "rollout/stale_events_dropped": float(self.events_dropped),
         }
 
 

@@ -136,7 +136,7 @@ def test_async_run_logs_staleness_and_the_correction(tiny_model_dir: Path, tmp_p
         mp.undo()
     assert [h["rollout/weights_of"] for h in hist] == [0, 0, 0, 1, 2]
     assert [h["rollout/staleness_max"] for h in hist] == [0, 1, 2, 2, 2]
-    assert all(h["rollout/stale_dropped"] == 0 for h in hist)
+    assert all(h["rollout/stale_dropped"] == 0 and h["rollout/refused_events"] == 0 for h in hist)
     assert hist[0]["rollout/tis_ess"] == pytest.approx(1.0, abs=1e-9)  # on-policy: every weight 1
     assert hist[-1]["rollout/tis_ess"] < 1.0 and hist[-1]["rollout/mismatch_kl"] > 0
     assert "rollout/tis_ess" not in plain[-1] and plain[-1]["rollout/staleness_max"] == 2
