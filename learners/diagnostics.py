@@ -13,6 +13,9 @@
   after its time bound) and restarts are silent in the rewards: logged, a rising ``grading/timeouts``
   is visible in the training curves. The grader is process-wide, so only grading done in this
   process is counted (with Ray rollout workers the workers grade and their counters stay there).
+  The deltas are of wall time, not of a batch: in an asynchronous run (``--max-staleness N``) the
+  generator thread grades iterations ahead while the learner updates, so a record's ``grading/...``
+  counts what was graded since the previous record, in either thread (its own evaluation included).
 """
 
 from __future__ import annotations
