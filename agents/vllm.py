@@ -133,19 +133,24 @@ def vllm_lora_rank(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
 
 
-def save_lora_adapter(model: Any, adapter_name: str, directory: str | os.PathLike[str]) -> Path:
+def save_lora_adapter(
+    model: Any, adapter_name: str, directory: str | os.PathLike[str], state_dict: Mapping[str, Any] | None = None
+) -> Path:
     """Write adapter ``adapter_name`` of a ``peft.PeftModel`` with ``save_pretrained``; return its directory.
 
     The directory holds ``adapter_config.json`` and ``adapter_model.safetensors`` (what vLLM loads).
     peft puts every adapter but ``default`` in a sub-directory named after it; the returned path is
-    the one that holds the files.
+    the one that holds the files. ``state_dict``: write the adapter from these weights (a snapshot of
+    ``model.state_dict()`` taken earlier, e.g. the version an asynchronous generator serves) instead of
+    the model's live ones, which another thread may be updating.
     """
     if adapter_name not in getattr(model, "peft_config", {}):
         raise ValueError(
             f"adapter {adapter_name!r} not in the model's adapters {sorted(getattr(model, 'peft_config', {}))}"
         )
     out = Path(directory)
-    model.save_pretrained(str(out), selected_adapters=[adapter_name], safe_serialization=True)
+    snapshot = {} if state_dict is None else {"state_dict": dict(state_dict)}
+    model.save_pretrained(str(out), selected_adapters=[adapter_name], safe_serialization=True, **snapshot)
     where = out if adapter_name == "default" else out / adapter_name
     if not (where / "adapter_config.json").is_file():
         raise RuntimeError(f"peft wrote no adapter_config.json for {adapter_name!r} under {out}")

@@ -39,6 +39,18 @@ class RolloutPhase:
         self.scale, self.collector, self.n_tasks = scale, collector, n_tasks
         self.rollout, self.seed = rollout, seed
 
+    def _pool(self, it: int) -> np.ndarray:
+        """Iteration ``it``'s tasks: ``tasks_per_iter`` of them, or with ``filter_groups`` the pool its
+        batches of ``tasks_per_iter`` are drawn from in order (without replacement)."""
+        rollout, rng = self.rollout, np.random.default_rng(iteration_seed(self.seed, it, 0))
+        if not rollout.filter_groups:
+            return rng.choice(self.n_tasks, size=min(rollout.tasks_per_iter, self.n_tasks), replace=False)
+        return rng.permutation(self.n_tasks)[: rollout.tasks_per_iter * rollout.max_gen_batches]
+
+    def first_collect(self, it: int) -> tuple[int, int]:
+        """``(task, seed)`` of iteration ``it``'s first episode: where a served model's probe looks."""
+        return min(int(t) for t in self._pool(it)[: self.rollout.tasks_per_iter]), iteration_seed(self.seed, it, 99)
+
     def run(self, it: int) -> tuple[RolloutBatch, RolloutBatch, FilterStats | None]:
         """Iteration ``it``'s rollouts: (every episode generated, the batch the update trains on, what
         dynamic sampling did). Without ``filter_groups`` both batches are the one collected batch; with
@@ -46,17 +58,15 @@ class RolloutPhase:
         replacement) are rolled out until ``tasks_per_iter`` informative groups are kept or
         ``max_gen_batches`` batches were generated."""
         rollout, seed = self.rollout, self.seed
-        rng = np.random.default_rng(iteration_seed(seed, it, 0))
+        pool = self._pool(it)
         if not rollout.filter_groups:
-            tasks = rng.choice(self.n_tasks, size=min(rollout.tasks_per_iter, self.n_tasks), replace=False)
             batch = self.scale.collect(
                 self.collector,
-                sorted(int(t) for t in tasks),
+                sorted(int(t) for t in pool),
                 rollout.group_size,
                 iteration_seed(seed, it, 99),
             )
             return batch, batch, None
-        pool = rng.permutation(self.n_tasks)[: rollout.tasks_per_iter * rollout.max_gen_batches]
         generated: list[RolloutBatch] = []
         kept: list[RolloutBatch] = []
         filtered = FilterStats()

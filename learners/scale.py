@@ -256,9 +256,8 @@ class ScaleOut:
     def collect(self, collector: Any, tasks: Sequence[int], group_size: int, seed: int) -> RolloutBatch:
         """The iteration's rollout batch, identical on every rank; then the vLLM engine sleeps (where
         vLLM supports it) so that the update has its memory, until the next push wakes it."""
-        if self.engine_cfg.backend == "openai" and not self._probed and tasks:
-            self._probed = True
-            self.probe_served(collector, tasks[0], seed)
+        if tasks:
+            self.probe_once(collector, tasks[0], seed)
         batch = self._collect(collector, tasks, group_size, seed)
         if self.engine is not None:
             self.engine.sleep(level=1)  # no-op without sleep mode
@@ -279,12 +278,20 @@ class ScaleOut:
         local = collector.collect(mine, group_size, seed=seed) if mine else None
         return merge_batches([b for b in all_gather_objects(local, self.dist) if b is not None])
 
+    def probe_once(self, collector: Any, task: int, seed: int) -> None:
+        """backend=openai: :meth:`probe_served` before the run's first rollouts (no-op otherwise or after)."""
+        if self.engine_cfg.backend == "openai" and not self._probed:
+            self.probe_served(collector, task, seed)
+
     def probe_served(self, collector: Any, task: int, seed: int) -> dict[str, float]:
         """backend=openai, before the first update: one episode of ``task`` through the server, its
         behaviour log-probs against the learner's recompute (:func:`learners.served.check_logprobs`);
-        raises :class:`learners.served.LogprobMismatchError` with the numbers beyond the tolerance."""
+        raises :class:`learners.served.LogprobMismatchError` with the numbers beyond the tolerance. The
+        learner's recompute is of its current weights, so an asynchronous run probes in the learner's
+        thread before its generator starts (the generator serves older versions)."""
         from learners.served import check_logprobs, request_sampling
 
+        self._probed = True
         rows = self._collect(collector, [task], 1, seed).rows
         for r in rows:
             if r.meta.get("evaluation_only"):
@@ -305,14 +312,18 @@ class ScaleOut:
         return out
 
     def push_weights(self, states: dict[str, dict[str, torch.Tensor]], versions: list[int]) -> None:
-        """Ray rollout workers: load ``states`` (an older snapshot of the learner's weights, with its
-        policy versions) into every worker, unless they hold those versions already (the asynchronous
-        generator's push; a worker restarted later gets the same weights again)."""
-        if self.pool is None:
-            raise ValueError("push_weights needs Ray rollout workers (rollout_workers > 0)")
+        """Serve ``states`` (an older snapshot of the learner's weights, with its policy versions) from the
+        rollout engine, unless it holds those versions already (the asynchronous generator's push): Ray
+        rollout workers load them (a worker restarted later gets the same weights again); a served model
+        (``backend=openai``) gets each role's adapter of that version."""
         if self._synced == list(versions):
             return
-        self.pool.load_weights({m: {k: v.to("cpu") for k, v in sd.items()} for m, sd in states.items()}, versions)
+        if self.pool is not None:
+            self.pool.load_weights({m: {k: v.to("cpu") for k, v in sd.items()} for m, sd in states.items()}, versions)
+        elif self.engine_cfg.backend == "openai" and self.rollout_policies is not None:
+            self.served.sync(self.rollout_policies, self.host.policies, snapshot=(versions, states))
+        else:
+            raise ValueError("push_weights needs Ray rollout workers (rollout_workers > 0) or a served model")
         self._synced = list(versions)
 
     def sync_weights(self) -> None:
@@ -411,13 +422,17 @@ class ScaleOut:
             rollout[i, :n] = torch.tensor(r.behaviour_logprobs, dtype=torch.float64)
             mask[i, :n] = torch.tensor(r.response_mask, dtype=torch.float64)
         stats.update(mismatch_metrics(train, rollout, mask))
-        if self.engine_cfg.backend == "openai":  # the probe's gate, every iteration (a server restarted with other settings)
+        # the probe's gate, every iteration (a server restarted with other settings), on the rows the current
+        # weights generated: the recompute is of those weights, so an older version's rows (asynchronous
+        # runs) differ by the update itself, which the decoupled objective weighs and rollout/mismatch_kl shows
+        gated = [i for i, r in enumerate(rows) if int(r.policy_version) == version(r)]
+        if self.engine_cfg.backend == "openai" and gated:
             from learners.served import check_logprobs, request_sampling
 
             check_logprobs(
-                [r.behaviour_logprobs for r in rows],
-                recomputed,
-                [r.response_mask for r in rows],
+                [rows[i].behaviour_logprobs for i in gated],
+                [recomputed[i] for i in gated],
+                [rows[i].response_mask for i in gated],
                 self.engine_cfg.logprob_tolerance,
                 when="in this iteration's rollouts",
                 sent=request_sampling(self.engine_cfg.served_sampling),

@@ -17,6 +17,12 @@ weights (:data:`SHARED_REFUSAL`), while adapters are loaded and unloaded at runt
 
 and must be able to read the run directory (the adapters are written to ``OUT/served-adapters``).
 
+Asynchronous runs (``--max-staleness N``): the generator thread serves each batch the adapters of the
+version its bound assigns, written from the learner's snapshot of that version
+(:meth:`ServedAdapters.sync` with ``snapshot``) while the learner updates the live weights; the server then
+holds one adapter per role at a time, as in a synchronous run (evaluation, under the same lock, serves
+the current version and the generator's next push the older one again).
+
 Same distribution, checked. Every request names a complete neutral sampling set
 (:data:`agents.openai_policy.NEUTRAL_SAMPLING`: a stock server would otherwise fill ``top_k``,
 ``repetition_penalty``, ... from the model's generation config) or the user's explicit
@@ -128,18 +134,38 @@ class ServedAdapters:
         self.run = secrets.token_hex(3)  # adapter names are unique per run: a server may outlive a run
         self.loaded: dict[str, tuple[str, Path]] = {}
 
-    def sync(self, rollout: PolicyMap, learner: PolicyMap, force: bool = False) -> list[str]:
-        """Serve every role's adapter whose learner version differs from the one served; return those roles."""
+    def sync(
+        self,
+        rollout: PolicyMap,
+        learner: PolicyMap,
+        force: bool = False,
+        snapshot: tuple[Sequence[int], Mapping[str, Mapping[str, Any]]] | None = None,
+    ) -> list[str]:
+        """Serve every role's adapter whose learner version differs from the one served; return those roles.
+
+        ``snapshot``: ``(versions, model states)`` of the learner taken earlier (``Trainer._snapshot``:
+        versions in ``learner.policies`` order, states as :func:`agents.ray_rollout.model_states` names
+        them): serve those weights and versions instead of the live ones. The asynchronous generator
+        serves the older version its batch is bound to while the learner updates the live weights; an
+        adapter's name is its role and version, so a snapshot's and the live model's adapter of one
+        version are the same adapter."""
+        from agents.ray_rollout import distinct_models
         from agents.vllm import save_lora_adapter
 
+        policies = learner.policies
+        models = [id(getattr(p, "model", p)) for p in distinct_models(learner)]
         pushed = []
         for role, view in rollout.items():
             src = learner[role]
-            version = int(src.policy_version)
+            if snapshot is None:
+                version, state = int(src.policy_version), None
+            else:
+                version = int(snapshot[0][next(i for i, p in enumerate(policies) if p is src)])
+                state = snapshot[1][f"model{models.index(id(src.model))}"]
             if not force and view.policy_version == version and role in self.loaded:
                 continue
             name = f"{role}@{self.run}-v{version}"
-            where = save_lora_adapter(src.model, role, self.directory / name.replace("@", "-"))
+            where = save_lora_adapter(src.model, role, self.directory / name.replace("@", "-"), state_dict=state)
             view.load_lora_adapter(name, where)
             old = self.loaded.get(role)
             self.loaded[role] = (name, where)

@@ -401,11 +401,12 @@ class TrainConfig:
             raise ValueError(
                 f"staleness_correction must be one of {STALENESS_CORRECTIONS}, got {self.staleness_correction!r}"
             )
-        if n and self.backend != "hf":
+        if n and self.backend == "vllm":
             raise ValueError(
-                "max_staleness >= 1 generates with the transformers policy (backend=hf: a copy in this process, "
-                f"or Ray rollout workers); got backend={self.backend!r} (vLLM and served engines are not wired "
-                "for it yet)"
+                "max_staleness >= 1 generates beside the update, on other hardware than the learner's: the "
+                "in-process vLLM engine shares the learner's device (it sleeps while the learner updates); serve "
+                "the model (`vllm serve`, learners.served) and train with backend=openai, or use backend=hf (a "
+                "copy in this process, or Ray rollout workers)"
             )
         if n and self.staleness_correction == "decoupled" and self.tis == "off":
             raise ValueError(
@@ -796,8 +797,13 @@ class Trainer:
         snapshots = {**self._carried_snapshots, self.iteration: self._snapshot()}
         self._carried_snapshots = {}
         self._learner_threads = torch.get_num_threads()
-        if self.scale.pool is not None:  # Ray rollout workers generate: each batch's weights pushed to them first
-            return self._ray_pipeline(snapshots)
+        if self.scale.pool is not None or self.cfg.backend == "openai":  # each batch's weights pushed there first
+            if self.cfg.backend == "openai":  # the probe compares with the learner's current weights: before
+                # the generator serves older ones (the task and seed of the synchronous loop's first probe)
+                first = self.rollout_phase.first_collect(self.iteration + 1)
+                with self.scale.generation_lock:
+                    self.scale.probe_once(self.collector, *first)
+            return self._engine_pipeline(snapshots)
         copy = self.scale.policy_copy()
         for pol in copy.policies:
             pol.autocast_dtype = generation_autocast(self.cfg.dtype, self.device)
@@ -815,11 +821,13 @@ class Trainer:
             phase.run, load, self.cfg.max_staleness, self.iteration + 1, self.cfg.iterations, snapshots, gen_threads=1
         )
 
-    def _ray_pipeline(self, snapshots: dict[int, Any]) -> RolloutPipeline:
-        """The generator thread driving the Ray rollout workers (:meth:`ScaleOut.collect` is the seam): it
-        pushes the batch's snapshot to the workers and collects under ``scale.generation_lock`` (evaluation,
-        which pushes the learner's current weights, takes it too), so every batch is generated with exactly
-        its weights; a worker lost mid-flight is restarted with them and its share re-run, as today."""
+    def _engine_pipeline(self, snapshots: dict[int, Any]) -> RolloutPipeline:
+        """The generator thread driving the Ray rollout workers or the served model (:meth:`ScaleOut.collect`
+        is the seam): it pushes the batch's snapshot to the engine (:meth:`ScaleOut.push_weights`: the
+        workers' weights, or each role's adapter of that version on the server) and collects under
+        ``scale.generation_lock`` (evaluation, which pushes the learner's current weights, takes it too), so
+        every batch is generated with exactly its weights; a Ray worker lost mid-flight is restarted with
+        them and its share re-run, as today."""
         held: dict[str, Any] = {}
 
         def load(done: int, snap: tuple[list[int], dict[str, dict[str, torch.Tensor]]]) -> None:

@@ -100,8 +100,9 @@ def test_max_staleness_config_is_checked() -> None:
         TrainConfig(algo="srpo", model="m", max_staleness=-1)
     with pytest.raises(ValueError, match="staleness_correction must be one of"):
         TrainConfig(algo="srpo", model="m", max_staleness=1, staleness_correction="areal")
-    with pytest.raises(ValueError, match="vLLM and served engines are not wired"):
+    with pytest.raises(ValueError, match="in-process vLLM engine shares the learner's device.*backend=openai"):
         TrainConfig(algo="srpo", model="m", max_staleness=1, backend="vllm")
+    TrainConfig(algo="srpo", model="m", max_staleness=1, backend="openai", sharing="lora", base_url="http://h/v1")
     with pytest.raises(ValueError, match="--tis off leaves no level"):
         TrainConfig(algo="srpo", model="m", max_staleness=1, tis="off")
     TrainConfig(algo="srpo", model="m", max_staleness=1, tis="off", staleness_correction="none")

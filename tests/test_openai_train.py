@@ -73,6 +73,60 @@ def test_two_iterations_through_a_served_model(tiny_model_dir: Path, tmp_path: P
     assert generated <= set(loads) and any(n.endswith("-v1") for n in generated)
 
 
+def test_an_asynchronous_run_serves_each_batch_the_version_its_bound_assigns(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """max_staleness 1 through a served model: iteration t's rollouts come from the adapters of version
+    max(0, t - 2), pushed from the learner's snapshot while it updates (never version 2, which a synchronous
+    run serves at iteration 3); the probe ran before the generator; stale rows are weighed, not gated."""
+    from srpo_envs.env_server import serve_in_thread
+    from tests._hf_openai_server import create_app
+
+    app = create_app(tiny_model_dir)
+    srv = serve_in_thread(app)
+    logged: list[str] = []
+    try:
+        history = train(
+            _cfg(tiny_model_dir, tmp_path, base_url=f"{srv.url}/v1", iterations=3, max_staleness=1), log=logged.append
+        )
+    finally:
+        srv.stop()
+    assert any(line.startswith("served log-probs probe") for line in logged), logged
+    assert [h["rollout/weights_of"] for h in history] == [0, 0, 1]
+    assert [h["rollout/staleness_max"] for h in history] == [0, 1, 1]
+    assert history[0]["rollout/tis_ess"] == pytest.approx(1.0, abs=1e-3)  # on-policy: server = learner
+    assert history[-1]["rollout/mismatch_kl"] > 0 and history[-1]["rollout/refused_events"] == 0
+    calls = app.state.standin["calls"]
+    generated = [n for kind, n in calls if kind == "generate"]
+    assert {n.rsplit("-", 1)[1] for n in generated} == {"v0", "v1"}, generated
+    first_v1 = next(i for i, n in enumerate(generated) if n.endswith("-v1"))
+    assert all(n.endswith("-v1") for n in generated[first_v1:])  # batch 3 alone, after batches 1-2 and the probe
+    loads = [n for kind, n in calls if kind == "load"]
+    assert sorted({n.rsplit("-", 1)[1] for n in loads}) == ["v0", "v1"]
+
+
+def test_an_adapter_written_from_a_snapshot_is_the_snapshots(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """save_lora_adapter(state_dict=...) writes the weights of the snapshot, not the live model's (which the
+    learner updates meanwhile): byte-equal to the adapter the live model wrote at that version."""
+    import torch
+    from safetensors.torch import load_file
+
+    from agents.hf import default_lora_config, lora_policy_map
+    from agents.vllm import save_lora_adapter
+
+    model = lora_policy_map(str(tiny_model_dir), ["proposer", "aggregator"], default_lora_config(r=4))["proposer"].model
+    snap = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    live = save_lora_adapter(model, "proposer", tmp_path / "live")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B.proposer" in name:
+                p.add_(1.0)
+    later = save_lora_adapter(model, "proposer", tmp_path / "later")
+    old = save_lora_adapter(model, "proposer", tmp_path / "old", state_dict=snap)
+    a, b, c = (load_file(str(d / "adapter_model.safetensors")) for d in (live, later, old))
+    assert a.keys() == c.keys() and all(torch.equal(a[k], c[k]) for k in a)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    assert (live / "adapter_config.json").read_text() == (old / "adapter_config.json").read_text()
+
+
 def test_evaluation_only_rows_are_refused_with_the_reason(tiny_model_dir: Path, tmp_path: Path) -> None:
     trainer = Trainer(_cfg(tiny_model_dir, tmp_path, backend="hf", base_url=None), log=None)
     reason = "the server returned no token ids (not a vLLM server with return_token_ids)"
