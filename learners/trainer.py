@@ -579,11 +579,11 @@ class Trainer:
         self.rollout_phase.rollout = cfg.rollout
 
     def distinct_models(self) -> list[HFPolicy]:
-        """One policy per distinct model object (LoRA views of one base count once)."""
-        seen: dict[int, HFPolicy] = {}
-        for pol in self.policies.policies:
-            seen.setdefault(id(pol.model), pol)
-        return list(seen.values())
+        """One policy per distinct model object (LoRA views of one base count once), in the order weight
+        snapshots and Ray workers name them (``model<i>``: :func:`agents.ray_rollout.distinct_models`)."""
+        from agents.ray_rollout import distinct_models
+
+        return distinct_models(self.policies)
 
     # ------------------------------------------------------------------ policies
     def _build_policies(self) -> PolicyMap:

@@ -151,3 +151,28 @@ def test_two_openai_backend_training_iterations(server: str, model_dir: Path, tm
         print({k: m[k] for k in ("iteration", "rollout/logprob_max_abs_diff", "rollout/tis_weight_mean")})
         assert m["rollout/refused_events"] == 0.0
         assert m["rollout/logprob_max_abs_diff"] < 1e-3  # server (processed log-probs) vs learner recompute
+
+
+def test_an_asynchronous_run_through_the_server(server: str, model_dir: Path, tmp_path) -> None:
+    """``--max-staleness 1`` against a real server: iteration t's rollouts come from the adapters of version
+    max(0, t - 2), loaded from the learner's snapshot while it updates; the first batch is on-policy."""
+    from typer.testing import CliRunner
+
+    from srpo_cli.app import app
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app,
+        ["train", "--model", str(model_dir), "--out", str(out), "--backend", "openai", "--base-url", server,
+         "--sharing", "lora", "--env", "ProcArith-v0", "--iterations", "3", "--tasks-per-iter", "2",
+         "--group-size", "2", "--epochs", "1", "--max-new-tokens", "8", "--eval-every", "0", "--save-every", "0",
+         "--temperature", "0.8", "--max-staleness", "1"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    trained = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if m["iteration"] >= 1]
+    print([{k: m.get(k) for k in ("iteration", "rollout/weights_of", "rollout/mismatch_kl", "rollout/tis_ess")}
+           for m in trained])  # fmt: skip
+    assert [m["rollout/weights_of"] for m in trained] == [0, 0, 1]
+    assert [m["rollout/staleness_max"] for m in trained] == [0, 1, 1]
+    assert all(m["rollout/refused_events"] == 0.0 for m in trained)
+    assert trained[0]["rollout/logprob_max_abs_diff"] < 1e-3  # on-policy: server vs learner recompute
