@@ -403,6 +403,14 @@ class ScaleOut:
             admission = admit_rows(batch.rows, version, self.rollout_cfg.max_staleness)
             rows, refused = admission.rows, admission.events_dropped
             stats = {"rollout/refused_events": float(refused), **admission.stats()}
+        if batch.rows and not rows:  # nothing left to train on: the engine did not generate with the weights sent
+            lags = sorted({version(r) - int(r.policy_version) for r in batch.rows})
+            raise RuntimeError(
+                f"every event of this batch was refused: its rows are {lags} policy versions behind the learner "
+                f"(at most {self.rollout_cfg.max_staleness} allowed, --max-staleness), so the rollout engine did "
+                "not generate with the weights it was sent (a restarted Ray worker or a server that lost its "
+                "adapters); nothing was trained on them"
+            )
         if refused:
             batch = replace(batch, rows=rows)
         # the decoupled objective: pi_prox (the weights before this update) recomputed, weights pi_prox / mu

@@ -148,7 +148,12 @@ def test_ray_rollout_workers_generate_the_async_batches(tiny_model_dir: Path, tm
     """N = 1 with one Ray rollout worker: the generator thread pushes each batch's snapshot to the
     worker before collecting, so the run samples the tokens the in-process generator samples (the
     worker's float32 log-probs may differ in the last bits: other process, same kernels) and every
-    batch comes from the weights the bound assigns, rows one version behind."""
+    batch comes from the weights the bound assigns, rows one version behind. A worker SIGKILLed as it
+    is about to generate iteration 3's batch (weights 1, the learner at 2) is replaced, gets that
+    batch's weights again, and the run is the same run."""
+    import os
+    import signal
+
     import ray
 
     from agents.ray_rollout import RayRolloutCollector, ensure_ray, shutdown_ray
@@ -178,10 +183,32 @@ def test_ray_rollout_workers_generate_the_async_batches(tiny_model_dir: Path, tm
             ),
             log=None,
         )  # fmt: skip
+        pools: list = []
+
+        def killing(collect):
+            def run(self, *a, **k):
+                pools.append(self.pool)
+                if len(pools) == 3:  # iteration 3's batch, generated while the learner updates on iteration 2
+                    os.kill(self.pool.pids()[0], signal.SIGKILL)
+                return collect(self, *a, **k)
+
+            return run
+
+        mp.setattr(RayRolloutCollector, "collect", killing(RayRolloutCollector.collect))
+        killed = train(
+            checkpoint_run_config(
+                tiny_model_dir, tmp_path / "killed", iterations=4, max_staleness=1, tasks_per_iter=2,
+                rollout_workers=1,
+            ),
+            log=None,
+        )  # fmt: skip
     finally:
         mp.undo()
         if started:
             shutdown_ray()
+    assert pools[-1].recoveries == 1
+    keys = (*("team_tokens", "mean_response_len", "rows", "train_accuracy", "rollout/weights_of"), "actor/loss")
+    assert [{k: h[k] for k in keys} for h in killed] == [{k: h[k] for k in keys} for h in remote]
     assert [h["rollout/weights_of"] for h in remote] == [0, 0, 1, 2]
     assert [h["rollout/staleness_max"] for h in remote] == [0, 1, 1, 1]
     same = ("team_tokens", "mean_response_len", "rows", "train_accuracy", "rollout/staleness")

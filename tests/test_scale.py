@@ -101,6 +101,16 @@ def test_prepare_refuses_stale_events(learner_and_batch) -> None:
     assert old_event not in {r.event_id for r in out.rows} and len(out.rows) < len(batch.rows)
 
 
+def test_a_batch_whose_every_event_is_refused_is_an_error_that_names_the_lag(learner_and_batch) -> None:
+    """Not an empty update that crashes in the batching (it did: "build_event_table needs at least one
+    row") nor a silent no-op: the engine generated with other weights than it was sent."""
+    policy, batch = learner_and_batch
+    rows = [dataclasses.replace(r, policy_version=-2) for r in batch.rows]
+    scale = ScaleOut(_trainer(PolicyMap.shared(policy), backend="hf"))
+    with pytest.raises(RuntimeError, match=r"every event of this batch was refused: its rows are \[2\] policy versions"):
+        scale.prepare(dataclasses.replace(batch, rows=rows), ratio_level="event")
+
+
 class _Engine:
     """Records weight pushes like agents.vllm.VLLMPolicy.load_weights."""
 
