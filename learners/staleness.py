@@ -14,8 +14,8 @@ iteration ``t``'s rollouts (1-based, trained on at version ``t - 1``) may use ve
 ``max(0, t - 1 - N)`` at the oldest: :func:`generation_version`. Rows from elsewhere (Ray workers,
 a served engine that lags) are checked again when they are trained on: a row more than ``N`` versions
 behind is dropped and counted (``rollout/stale_dropped``), and an event that lost a member is dropped
-whole (``rollout/refused_events``, the synchronous loop's count of the same thing), because SRPO's set ratio needs every member of an event
-(the batching drops incomplete events for the same reason).
+whole (``rollout/refused_events``, the synchronous loop's count of the same thing), because SRPO's set
+ratio needs every member of an event (the batching drops incomplete events for the same reason).
 
 **The decoupled objective** (AReaL's decoupled PPO, :func:`decoupled_correction`). Two policies play
 two roles: the *behaviour* policy ``mu`` (the version that sampled the row; its log-probs are the
