@@ -13,7 +13,7 @@ from agents.hf import BASE_ADAPTER, HFPolicy, _sample, adapter_scope, lora_polic
 from agents.policy import Generation, GenerationRequest, Policy, PolicyMap, SamplingParams
 from agents.tiny import fallback_corpus, init_tiny
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 CORPUS = fallback_corpus(1500, seed=1)
 PROMPTS: list = [

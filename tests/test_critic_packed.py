@@ -11,7 +11,7 @@ from learners.critic import ValueCritic
 from learners.prefix import prefix_tree_size
 from tests._numeric import F32, assert_close_scaled
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 QUESTION = "Question: what is 123 + 456?\n"
 STATES = [

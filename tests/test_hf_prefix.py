@@ -11,7 +11,7 @@ from agents.hf import HFPolicy
 from agents.policy import GenerationRequest, SamplingParams
 from srpo_common import sha256_json
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 PROMPTS = ["Problem: What is 12 + 7?\nSolution:", "hi", "The answer is " * 4]
 

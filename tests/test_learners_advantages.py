@@ -19,7 +19,7 @@ from learners.advantages import (
 from learners.batching import build_event_table
 from tests._numeric import F32, assert_close_scaled
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 
 def _z(values: list[float], x: float, eps: float = 1e-6, sample: bool = False) -> float:

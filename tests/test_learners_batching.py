@@ -21,7 +21,7 @@ from learners.losses import logprobs_from_logits, srpo_loss
 from tests._builders import make_row
 from tests._numeric import F32, assert_close_scaled, scaled_atol
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 # --------------------------------------------------------------------------------------------------
 # event-atomic minibatches

@@ -27,7 +27,7 @@ from learners.losses import (
     value_loss,
 )
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 DTYPES = [torch.float32, torch.float64]
 

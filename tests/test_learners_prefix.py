@@ -20,7 +20,7 @@ from learners.prefix import (
 from tests._builders import update_check_config, update_inputs
 from tests._numeric import F32, F64, assert_close_scaled, scaled_atol
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import torch
 from agents.hf import HFPolicy
 from learners.sft import SFTConfig, _batch, build_examples, run_sft
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 
 def _small_cfg(**kw) -> SFTConfig:

@@ -16,7 +16,7 @@ from learners.trainer import TrainConfig, Trainer
 from tests._builders import g0_wins, update_check_config, update_inputs
 from tests._numeric import F64, assert_close_scaled, assert_differs_scaled
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 
 def _ppo_term(rho: float, adv: float, eps: float = 0.2) -> float:

@@ -12,7 +12,7 @@ from learners.trainer import Trainer
 from tests._builders import g0_wins, make_row, update_check_config, update_inputs
 from tests._numeric import F64, assert_close_scaled
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 _cfg = update_check_config
 

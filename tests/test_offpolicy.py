@@ -10,7 +10,7 @@ import torch
 from agents.rows import Row
 from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_weights
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 
 def _row(event: str, member: int, version: int) -> Row:

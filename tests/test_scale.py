@@ -13,7 +13,7 @@ from agents.policy import PolicyMap, SamplingParams
 from agents.rollout import RolloutCollector
 from learners.scale import ScaleOut
 
-pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/run)
+pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
 
 
 def _trainer(policies: PolicyMap, **cfg) -> SimpleNamespace:
