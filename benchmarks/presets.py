@@ -22,6 +22,7 @@ from benchmarks.suites import (
     QUICK_SEARCH_MEMBER_COST,
     ROUTED_MEMBER_COST,
 )
+from learners.profiles import TINY
 
 _CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
 #: Where ``srpo bench quick`` looks for shipped warm-started tiny models before building them.
@@ -159,17 +160,10 @@ QUICK_WORKERS = 0
 
 #: The column suites' RL: 16 tasks x G=8 per iteration, each rollout batch split into two minibatches
 #: (the second step is off-policy, so the clipped objectives act), lr 1e-4.
-_COLUMNS_TRAIN: dict[str, Any] = {
-    **QUICK_TRAIN,
-    "iterations": 4,
-    "tasks_per_iter": 16,
-    "group_size": 8,
-    "minibatches_per_iter": 2,
-    "lr": 1e-4,
-    # the update as perf.bench_iteration recommends: prefix-tree forward, memory bounded by a token budget
-    "prefix_tree": True,
-    "max_tokens_per_microbatch": 4096,
-}
+#: These are the tiny-model settings ``srpo train`` gives a shipped model by default (learners.profiles.TINY:
+#: one place for both), with the update perf.bench_iteration recommends (prefix-tree forward, memory
+#: bounded by a token budget).
+_COLUMNS_TRAIN: dict[str, Any] = {**QUICK_TRAIN, "iterations": 4, **TINY}
 
 #: quick-search's RL: the column suites' off-policy update (two minibatches per rollout batch, prefix
 #: tree, token budget) on 16 questions x G=8 per iteration for 16 iterations (G=8 so that a group's

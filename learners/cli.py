@@ -23,9 +23,11 @@ from learners.algorithms import ALGORITHMS
 from learners.checkpoint import CheckpointError
 from learners.config import train_layout
 from learners.memory_plan import GIB, MemoryPlanError
+from learners.profiles import profile
 from learners.served import LogprobMismatchError
-from learners.trainer import TrainConfig, train
-from srpo_common.cli import dataclass_command
+from learners.trainer import TrainConfig, run_summary, train
+from srpo_common.cli import Profile, dataclass_command
+from srpo_common.interrupt import set_resume_point
 
 _ALGO_HELP = "algorithm, one of: " + ", ".join(
     f"{name} ({spec.description})" if spec.description else name for name, spec in ALGORITHMS.items()
@@ -42,6 +44,14 @@ _ALGO_HELP = "algorithm, one of: " + ", ".join(
     },
     helps={"algo": _ALGO_HELP},
     layout=train_layout,  # --config exp.toml / --set section.field=value (learners.config)
+    # settings a user did not give: those tested for the model's class (learners.profiles)
+    profile=Profile(
+        profile,
+        "--model-defaults",
+        "SRPO_MODEL_DEFAULTS",
+        "settings not given take those tested for the model's class (learners.profiles: the shipped tiny models "
+        "the bench settings, real checkpoints the recipes' lr); --no-model-defaults: the plain defaults",
+    ),
 )
 def train_command(
     cfg: TrainConfig,
@@ -86,17 +96,23 @@ def train_command(
         cfg = dataclasses.replace(cfg, env_kwargs={**cfg.env_kwargs, "workflow": workflow})
     if plan_only:
         raise typer.Exit(_print_plan(cfg, plan_gpu_gb, plan_gpus, plan_response_share))
+    if resume:  # until this run writes a newer one (Trainer.save_checkpoint says so then)
+        set_resume_point(f"the checkpoint in {cfg.out_dir} is kept; rerun the same command to continue from it")
+    elif cfg.save_every:
+        set_resume_point(
+            f"no checkpoint was written yet in {cfg.out_dir} (the first at iteration {cfg.save_every}): rerun "
+            "the command to start again"
+        )
+    else:
+        set_resume_point(f"--save-every 0 writes no checkpoint in {cfg.out_dir}: rerun the command to start again")
     try:
         history = train(cfg, resume=resume, log=typer.echo)
     except (CheckpointError, ModelNotAvailable, MemoryPlanError, LogprobMismatchError) as exc:  # one message
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    evals = [(h["iteration"], h["eval_accuracy"]) for h in history if h.get("eval_accuracy") is not None]
-    if evals:
-        typer.echo(
-            f"held-out accuracy: {evals[0][1]:.3f} (iteration {evals[0][0]}) -> "
-            f"{evals[-1][1]:.3f} (iteration {evals[-1][0]})"
-        )
+    summary = run_summary(history)  # also in OUT/summary.json
+    if summary["evaluations"]:
+        typer.echo(summary["line"])
 
 
 def _print_plan(cfg: TrainConfig, gpu_gb: float | None, gpus: int, response_share: float | None = None) -> int:

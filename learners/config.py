@@ -46,6 +46,7 @@ __all__ = [
     "ConfigFileError",
     "Derived",
     "derived",
+    "dotted_names",
     "read_train_config",
     "section",
     "train_layout",
@@ -91,6 +92,11 @@ TRAIN_SECTIONS: dict[str, tuple[str, ...]] = {
         "guard_max_grad_norm", "guard_eval_drop",
     ),
 }  # fmt: skip
+
+
+def dotted_names() -> dict[str, str]:
+    """field -> ``section.field``, the key a user writes in an experiment file or ``--set`` (error messages)."""
+    return {name: f"{sec}.{name}" for sec, names in TRAIN_SECTIONS.items() for name in names}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,6 +70,9 @@ from learners.scale import BACKENDS, TIS_MODES, ScaleOut
 from learners.staleness import STALENESS_CORRECTIONS
 from learners.tracking import flatten_config, open_trackers, parse_loggers
 from learners.update import PolicyUpdate
+from srpo_common.fieldcheck import check_fields
+from srpo_common.interrupt import set_resume_point
+from srpo_common.io import atomic_write_json
 
 #: SRPO set normalisations (``k1``: every output its own event, a response-level update).
 SRPO_NORMS = tuple(EVENT_NORMS)
@@ -292,7 +295,13 @@ class TrainConfig:
     (OUT/mlflow.db unless MLFLOW_TRACKING_URI is set); OUT/metrics.jsonl is always written"""
 
     def __post_init__(self) -> None:
-        self.logger = parse_loggers(self.logger)  # a str or list from a file/dict, checked by name
+        if isinstance(self.logger, str):  # "jsonl,wandb" from a file or a dict: a list of names
+            self.logger = tuple(x.strip() for x in self.logger.split(",") if x.strip())
+        # every value has its field's type first (srpo_common.fieldcheck): the checks below compare numbers
+        check_fields(self, allow_inf=INF_OK_FIELDS, names=config_sections.dotted_names())
+        self.logger = parse_loggers(self.logger)  # checked by name
+        self._check_ranges()
+        self._check_env()
         spec = get_algorithm(self.algo)  # unknown: raises with the known names
         get_adv_estimator(self.adv_estimator or spec.estimator)
         loss = get_policy_loss(self.policy_loss or spec.loss)
@@ -392,6 +401,37 @@ class TrainConfig:
                 "importance ratio would be wrong. Use top_p=1 (temperature still applies)."
             )
 
+    def _check_ranges(self) -> None:
+        """Numbers that mean something only within a range (the type is already checked)."""
+        positive = ("lr", "critic_lr", "temperature", "max_grad_norm", "vf_clip")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        at_least = {
+            "warmup": 0, "weight_decay": 0, "kl_coef": 0, "entropy_coef": 0, "eval_every": 0, "save_every": 0,
+            "seed": 0, "lora_rank": 1, "max_new_tokens": 1, "critic_max_tokens": 1, "eval_problems": 1, "eval_k": 1,
+        }  # fmt: skip
+        for name, low in at_least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.seed >= 2**32:
+            raise ValueError(f"seed must be < 2**32, got {self.seed}")
+
+    def _check_env(self) -> None:
+        """A registered env id whose constructor takes every key of env_kwargs and eval_env_kwargs."""
+        import srpo_envs
+
+        try:
+            spec = srpo_envs.registry[self.env_id]
+        except KeyError:
+            raise ValueError(
+                f"unknown env id {self.env_id!r}; registered ids: {', '.join(sorted(srpo_envs.registry))}"
+            ) from None
+        spec.check_kwargs({**self.env_kwargs, **self.eval_env_kwargs})
+
     def _check_staleness(self) -> None:
         """``max_staleness`` / ``staleness_correction``: what the asynchronous loop supports."""
         n = self.max_staleness
@@ -443,6 +483,28 @@ class TrainConfig:
             raise ValueError(f"unknown config keys: {sorted(unknown)}")
         return cls(**d)
 
+
+def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a finished run did to held-out accuracy: first and last evaluation, and a verdict (``better``,
+    ``same``, ``worse``, or ``unevaluated`` without two evaluations), written to ``OUT/summary.json`` and
+    said in the run's last line: a run that made its model worse says so even when it exits 0."""
+    evals = [(int(h["iteration"]), float(h["eval_accuracy"])) for h in history if h.get("eval_accuracy") is not None]
+    out: dict[str, Any] = {"iterations": int(history[-1]["iteration"]) if history else 0, "evaluations": len(evals)}
+    if len(evals) < 2:
+        return {**out, "verdict": "unevaluated", "line": "held-out accuracy: not evaluated at the start and the end"}
+    (i0, a0), (i1, a1) = evals[0], evals[-1]
+    verdict = "better" if a1 > a0 else "worse" if a1 < a0 else "same"
+    line = f"held-out accuracy: {a0:.3f} (iteration {i0}) -> {a1:.3f} (iteration {i1})"
+    if verdict == "worse":
+        line += f": WORSE than the start by {100 * (a0 - a1):.1f} pt (the trained model in final/ is the worse one)"
+    return {
+        **out, "start_iteration": i0, "start_accuracy": a0, "final_iteration": i1, "final_accuracy": a1,
+        "delta": a1 - a0, "verdict": verdict, "line": line,
+    }  # fmt: skip
+
+
+#: Float fields whose ``inf`` means something (a guard threshold's "off"); every other float must be finite.
+INF_OK_FIELDS = ("guard_max_approx_kl", "guard_max_log_ratio", "guard_max_loss", "guard_max_grad_norm")
 
 #: Values of the ``None``-means-algorithm-default fields when the algorithm sets none.
 _FALLBACKS: dict[str, Any] = {"agg": "token-mean", "adv_scale": "std", "clip_eps": 0.2}
@@ -723,6 +785,11 @@ class Trainer:
             bar.close()
         if self.dist.is_main or self.scale.fsdp:  # FSDP2: every rank helps gather, rank 0 writes
             self.export(self.out / "final")
+        if self.dist.is_main:
+            summary = run_summary(history)
+            atomic_write_json(self.out / "summary.json", summary)
+            if summary["verdict"] == "worse":
+                self.log(f"[{cfg.algo}] {summary['line']}")
         self.scale.close()
         return history
 
@@ -874,7 +941,13 @@ class Trainer:
     def save_checkpoint(self) -> Path | None:
         """Publish :meth:`checkpoint_state` atomically (rank 0 writes under torch.distributed); weights
         that are not finite are never written (:class:`~learners.checkpoint.NonFiniteError`)."""
-        return self.run_state.save(self.checkpoint_state())
+        saved = self.run_state.save(self.checkpoint_state())
+        if saved is not None:
+            set_resume_point(
+                f"the last checkpoint is {self.checkpoint_path} (iteration {self.iteration}); rerun the same "
+                "command with --resume to continue from it"
+            )
+        return saved
 
     def _check_divergence(self, record: dict[str, Any], history: list[dict[str, Any]]) -> None:
         """:mod:`learners.guard` on this iteration's record: a :class:`~learners.guard.DivergenceError`

@@ -29,13 +29,30 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import json
 import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
+import click
 import typer
+
+from srpo_common.interrupt import interrupted_line
+
+
+def _clicks(name: str) -> tuple[type[BaseException], ...]:
+    """click's exception class ``name`` from click and from the copy typer vendors (``typer._click``), which
+    raises its own classes: the boundary must catch either."""
+    mods = [click.exceptions]
+    with contextlib.suppress(ImportError):
+        mods.append(importlib.import_module("typer._click.exceptions"))
+    return tuple({getattr(m, name) for m in mods if hasattr(m, name)})
+
+
+_NO_ARGS, _CLICK_ERROR, _ABORT = _clicks("NoArgsIsHelpError"), _clicks("ClickException"), _clicks("Abort")
 
 #: Exit status -> meaning (the module docstring explains each).
 EXIT_CODES = {
@@ -204,7 +221,7 @@ def _classify(exc: BaseException) -> tuple[int, str]:
     """Exit status and the one line to print for an exception that escaped a command."""
     names = {(k.__module__, k.__qualname__) for k in type(exc).__mro__}
     if isinstance(exc, KeyboardInterrupt):
-        return 130, "interrupted"
+        return 130, interrupted_line()
     if ("srpo_common.errors", "ExternalServiceError") in names:  # before OSError: EnvServerError is one
         return 5, f"error: {_one_line(exc.one_line())}"  # type: ignore[attr-defined]
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
@@ -251,9 +268,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     debug = "--debug" in args or os.environ.get("SRPO_DEBUG") == "1"
     args = [a for a in args if a != "--debug"]
     try:
-        app(args=args, prog_name="srpo")
+        # standalone_mode=False: click hands usage errors to this boundary (one line) instead of printing
+        # its boxed panel, and returns an ``Exit``'s code; typer turns Ctrl-C into Exit(130) itself
+        code = app(args=args, prog_name="srpo", standalone_mode=False)
     except SystemExit:
         raise
+    except _NO_ARGS as exc:  # `srpo bench` alone: its help, as click prints it
+        print(exc.format_message(), file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    except _CLICK_ERROR as exc:  # a usage error (exit 2) or a file click could not open
+        print(_usage_line(exc), file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    except _ABORT:  # end of input at a prompt
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     except BaseException as exc:  # noqa: BLE001 - the boundary: every failure is one line and a status
         code, line = _classify(exc)
         _close_progress_bars()
@@ -261,6 +289,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             traceback.print_exception(exc, file=sys.stderr)
         print(line, file=sys.stderr)
         raise SystemExit(code) from None
+    if code == 130:  # KeyboardInterrupt, turned into Exit(130) by typer: say where the run can go on
+        _close_progress_bars()
+        print(interrupted_line(), file=sys.stderr)
+    if isinstance(code, int) and not isinstance(code, bool) and code:
+        raise SystemExit(code)
+
+
+def _usage_line(exc: Any) -> str:
+    """``error: srpo train: <message> (see 'srpo train --help')``: one line, the message cut to fit."""
+    ctx = getattr(exc, "ctx", None)
+    where = f"{ctx.command_path}: " if ctx is not None else ""
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None and exc.exit_code == 2 else ""
+    return f"error: {where}{_one_line(exc.format_message(), 400)}{hint}"
 
 
 if __name__ == "__main__":

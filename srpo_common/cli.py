@@ -222,6 +222,7 @@ def dataclass_command(
     defaults: Mapping[str, Any] | None = None,
     helps: Mapping[str, str] | None = None,
     layout: Layout | Callable[[], Layout] | None = None,
+    profile: Profile | None = None,
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Decorator: ``run(cfg: config_cls, **extra)`` -> a typer command with one option per field.
 
@@ -234,6 +235,10 @@ def dataclass_command(
     passed through by name; a field may not share a name with one of them.
     ``layout``: adds ``--config`` and ``--set`` (see the module docstring); a function is called when the
     command runs, so a layout that cannot be built fails that command only.
+    ``profile`` (with ``layout``): a :class:`Profile`, defaults that depend on other values (``srpo train``'s
+    settings by model class, :mod:`learners.profiles`). Its overrides replace only the fields the user did
+    not set (on the command line, in the file or by ``--set``), and a line on stderr says which ones it
+    set; its ``--option/--no-option`` flag (or environment variable) turns it off.
     """
     skip = set(exclude)
     names, defaults, helps = dict(names or {}), dict(defaults or {}), dict(helps or {})
@@ -269,17 +274,23 @@ def dataclass_command(
             )
         extra = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in run_params]
         if layout is not None:
-            for name in (_CONFIG, _SETS, _CTX):
+            for name in (_CONFIG, _SETS, _CTX, _PROFILE):
                 if name in extra_names or name in known:
                     raise ValueError(f"{name!r} is reserved for --config/--set; rename it")
             params += _file_params()
+            if profile is not None:
+                params.append(profile.parameter())
 
         @functools.wraps(run)
         def command(**kwargs: Any) -> R:
             if layout is None:
                 values = {name: conv.convert(kwargs.pop(name)) for name, conv in converters.items()}
             else:
-                values = _layered(config_cls, converters, kwargs, layout() if callable(layout) else layout)
+                use = kwargs.pop(_PROFILE) if profile is not None else False
+                values = _layered(
+                    config_cls, converters, kwargs, layout() if callable(layout) else layout,
+                    profile.choose if use and profile is not None else None,
+                )  # fmt: skip
             try:
                 cfg = config_cls(**values)
             except ValueError as exc:
@@ -295,7 +306,27 @@ def dataclass_command(
 
 
 # ---------------------------------------------------------------------------------- --config / --set
-_CONFIG, _SETS, _CTX = "config_file_", "config_sets_", "click_ctx_"
+_CONFIG, _SETS, _CTX, _PROFILE = "config_file_", "config_sets_", "click_ctx_", "profile_on_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Defaults that depend on other values (see :func:`dataclass_command`'s ``profile``)."""
+
+    #: ``values -> (label, overrides)`` or None: the overrides for these values and what they are
+    choose: Callable[[Mapping[str, Any]], tuple[str, Mapping[str, Any]] | None]
+    #: the flag that turns it on and off, e.g. ``--model-defaults`` (``--no-model-defaults``)
+    option: str
+    #: the environment variable that sets the flag (``0``/``false`` turns it off)
+    envvar: str
+    help: str
+
+    def parameter(self) -> inspect.Parameter:
+        flag = self.option.removeprefix("--")
+        return inspect.Parameter(
+            _PROFILE, inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+            default=typer.Option(True, f"--{flag}/--no-{flag}", envvar=self.envvar, help=self.help),
+        )  # fmt: skip
 
 
 def _file_params() -> list[inspect.Parameter]:
@@ -320,9 +351,14 @@ def _file_params() -> list[inspect.Parameter]:
 
 
 def _layered(
-    config_cls: type, converters: Mapping[str, _Converter], kwargs: dict[str, Any], layout: Layout
+    config_cls: type,
+    converters: Mapping[str, _Converter],
+    kwargs: dict[str, Any],
+    layout: Layout,
+    profile: Callable[[Mapping[str, Any]], tuple[str, Mapping[str, Any]] | None] | None = None,
 ) -> dict[str, Any]:
-    """The config's values: defaults < ``--config`` file < options given on the command line < ``--set``."""
+    """The config's values: defaults < a profile's < ``--config`` file < options given on the command line
+    < ``--set``."""
     path, sets, ctx = kwargs.pop(_CONFIG), kwargs.pop(_SETS) or [], kwargs.pop(_CTX)
     try:
         from_file = layout.read(path) if path is not None else {}
@@ -340,9 +376,12 @@ def _layered(
     # by name: typer may carry its own copy of click, whose ParameterSource is another enum class
     given = ("COMMANDLINE", "ENVIRONMENT")
     values: dict[str, Any] = {}
+    explicit = set(from_file) | set(from_sets)
     for name, conv in converters.items():
         raw = kwargs.pop(name)
         source = ctx.get_parameter_source(name)
+        if getattr(source, "name", None) in given:
+            explicit.add(name)
         if getattr(source, "name", None) in given or name not in from_file:
             values[name] = conv.convert(raw, from_file.get(name, ...))
         else:
@@ -356,4 +395,13 @@ def _layered(
             values[name] = {**values[name], **value}  # an open table's --set keys merge into it
         else:
             values[name] = value
+    if profile is not None:
+        chosen = profile(values)
+        if chosen is not None:
+            label, overrides = chosen
+            applied = {k: v for k, v in overrides.items() if k not in explicit and values.get(k) != v}
+            if applied:
+                values.update(applied)
+                shown = " ".join(f"{k}={v}" for k, v in applied.items())
+                typer.echo(f"settings for {label} (give any to override): {shown}", err=True)
     return layout.typed(values)

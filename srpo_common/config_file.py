@@ -41,7 +41,12 @@ from typing import Any
 
 import tomli_w
 
+from srpo_common.fieldcheck import quote
 from srpo_common.io import atomic_write_text
+
+#: The largest experiment file read (the shipped ones are < 2 KB): a bigger one is a mistake or hostile.
+MAX_FILE_BYTES = 1 << 20
+_MAX_KEY = 200
 
 
 class ConfigFileError(ValueError):
@@ -130,11 +135,11 @@ class Layout:
             if sec not in self.sections:
                 if sec in where:  # a field written at the top level
                     raise ConfigFileError(
-                        f"{source}: {sec!r} belongs in section [{where[sec]}] (write it as {where[sec]}.{sec})"
+                        f"{source}: {quote(sec)} belongs in section [{where[sec]}] (write it as {where[sec]}.{sec})"
                     )
                 raise ConfigFileError(f"{source}: {self._unknown(sec, section=True)}")
             if not isinstance(values, Mapping):
-                raise ConfigFileError(f"{source}: [{sec}] must be a table of fields, got {values!r}")
+                raise ConfigFileError(f"{source}: [{sec}] must be a table of fields, got {quote(values)}")
             for name, value in values.items():
                 field = self.check_key(f"{sec}.{name}", source)
                 if sec in self.tables and field != name:  # an open table's key: into its holding dict
@@ -146,6 +151,8 @@ class Layout:
     def check_key(self, key: str, source: str = "--set") -> str:
         """``section.field`` -> ``field`` (an open table's other keys -> its holding field); an unknown key
         or a field in the wrong section raises."""
+        if len(key) > _MAX_KEY:  # no key is this long; and difflib's suggestion would cost O(len^2)
+            raise ConfigFileError(f"{source}: unknown key {quote(key)}")
         sec, _, name = key.partition(".")
         if sec in self.sections and name in self.sections[sec]:
             return name
@@ -154,14 +161,14 @@ class Layout:
         if not name:
             where = self.section_of
             hint = f"; did you mean '{where[sec]}.{sec}'?" if sec in where else self._suggest(key)
-            raise ConfigFileError(f"{source}: key {key!r} must be section.field{hint}")
+            raise ConfigFileError(f"{source}: key {quote(key)} must be section.field{hint}")
         where = self.section_of
         if name in where:
             raise ConfigFileError(
-                f"{source}: unknown key {key!r}: {name!r} is in section [{where[name]}]; "
+                f"{source}: unknown key {quote(key)}: {name!r} is in section [{where[name]}]; "
                 f"did you mean '{where[name]}.{name}'?"
             )
-        raise ConfigFileError(f"{source}: unknown key {key!r}{self._suggest(key)}")
+        raise ConfigFileError(f"{source}: unknown key {quote(key)}{self._suggest(key)}")
 
     def _suggest(self, key: str) -> str:
         close = difflib.get_close_matches(key, self.keys(), n=1, cutoff=0.5)
@@ -172,6 +179,8 @@ class Layout:
         return f"; did you mean {close[0]!r}?" if close else f" (sections: {', '.join(self.sections)})"
 
     def _unknown(self, name: str, section: bool = False) -> str:
+        if len(name) > _MAX_KEY:
+            return f"unknown {'section' if section else 'field'} {quote(name)}"
         pool = list(self.sections) if section else list(self.section_of)
         close = difflib.get_close_matches(name, pool, n=1, cutoff=0.5)
         what = "section" if section else "field"
@@ -204,9 +213,16 @@ class Layout:
         """The flat fields of an experiment file (only those it sets)."""
         path = self.locate(path) if self.locate is not None else Path(path)
         try:
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise ConfigFileError(
+                    f"{path}: {size:,} bytes is not an experiment file (at most {MAX_FILE_BYTES:,}): nothing was read"
+                )
             nested = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigFileError(f"no experiment file {path}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigFileError(f"{path}: not valid TOML: {exc}") from None
         return self.flatten(nested, source=str(path))
@@ -217,7 +233,7 @@ class Layout:
         for item in items:
             key, eq, raw = item.partition("=")
             if not eq:
-                raise ConfigFileError(f"--set: expected section.field=value, got {item!r}")
+                raise ConfigFileError(f"--set: expected section.field=value, got {quote(item)}")
             sec, _, name = key.strip().partition(".")
             field = self.check_key(key.strip())
             if sec in self.tables and field != name:
@@ -258,10 +274,19 @@ def _strip_none(tp: Any) -> Any:
 
 
 def parse_value(raw: str) -> Any:
-    """A ``--set`` value: TOML when it parses as one (``8``, ``1e-4``, ``true``, ``[1,2]``), else the string."""
+    """A ``--set`` value: TOML when it parses as one (``8``, ``1e-4``, ``true``, ``[1,2]``), else the string.
+
+    Refused (:class:`ConfigFileError`): a value over more than one line (TOML would read its first line
+    and drop the rest, or a ``[table]`` on the next), and one that starts like a TOML string, array or
+    table but does not parse (``"runs/x"\n[evil]`` with a literal backslash is a mistake, not a path
+    whose first character is a quote)."""
+    if "\n" in raw or "\r" in raw:
+        raise ConfigFileError(f"--set: a value must be one line, got {quote(raw)}")
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as exc:
+        if raw and raw[0] in "\"'[{":
+            raise ConfigFileError(f"--set: {quote(raw)} is not a valid TOML value ({exc})") from None
         return raw
 
 

@@ -2,7 +2,7 @@
 
 from srpo_envs.base import EventParallelEnv
 from srpo_envs.events import Event, EventLog
-from srpo_envs.registry import EnvSpec, make, register, registry
+from srpo_envs.registry import EnvKwargsError, EnvSpec, make, register, registry
 
 register(
     "MathVerify-v0",
@@ -54,4 +54,4 @@ register(
     workflow="parallel",
 )
 
-__all__ = ["Event", "EventLog", "EnvSpec", "EventParallelEnv", "make", "register", "registry"]
+__all__ = ["EnvKwargsError", "Event", "EventLog", "EnvSpec", "EventParallelEnv", "make", "register", "registry"]

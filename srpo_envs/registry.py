@@ -7,7 +7,8 @@ offline on a fresh install; the test suite checks that for all ids.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +28,36 @@ class EnvSpec:
         module, _, attr = self.entry_point.partition(":")
         return getattr(importlib.import_module(module), attr)
 
+    def accepted_kwargs(self) -> list[str] | None:
+        """The keyword arguments the entry point takes (None: any, it has ``**kwargs`` or no signature)."""
+        try:
+            params = inspect.signature(self.load()).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+            return None
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return None
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return [p.name for p in params if p.kind in kinds]
+
+    def check_kwargs(self, kwargs: Mapping[str, Any]) -> None:
+        """``EnvKwargsError`` naming the keys the env does not take, and the ones it does, before it is built
+        (a ``TypeError`` from deep in ``__init__`` otherwise)."""
+        accepted = self.accepted_kwargs()
+        if accepted is None:
+            return
+        unknown = [k for k in kwargs if k not in accepted]
+        if unknown:
+            raise EnvKwargsError(
+                f"{self.id} takes no env kwarg {', '.join(map(repr, unknown))}; it accepts: {', '.join(accepted)}"
+            )
+
     def make(self, **overrides: Any) -> Any:
+        self.check_kwargs(overrides)
         return self.load()(**{**self.kwargs, **overrides})
+
+
+class EnvKwargsError(ValueError):
+    """An env was given a keyword argument its constructor does not take."""
 
 
 registry: dict[str, EnvSpec] = {}
@@ -45,11 +74,16 @@ def register(
     return spec
 
 
-def make(env_id: str, **kwargs: Any) -> Any:
-    """Build a registered env; ``kwargs`` override the registered defaults."""
+def spec(env_id: str) -> EnvSpec:
+    """The registered spec of ``env_id``; a ``KeyError`` listing the registered ids otherwise."""
     try:
-        spec = registry[env_id]
+        return registry[env_id]
     except KeyError:
         known = ", ".join(sorted(registry))
         raise KeyError(f"unknown env id {env_id!r}; registered ids: {known}") from None
-    return spec.make(**kwargs)
+
+
+def make(env_id: str, **kwargs: Any) -> Any:
+    """Build a registered env; ``kwargs`` override the registered defaults (unknown ones:
+    :class:`EnvKwargsError` before anything is built)."""
+    return spec(env_id).make(**kwargs)

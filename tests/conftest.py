@@ -1,10 +1,20 @@
-"""Shared fixtures: a tiny randomly initialised model built once per test session."""
+"""Shared fixtures: a tiny randomly initialised model built once per test session.
+
+``srpo train`` gives a model the settings tested for its class when a command leaves them out
+(learners.profiles, ``--model-defaults``). The suite's ``srpo train`` tests pin mechanisms (steps per
+iteration, checkpoints, resumes) at ``TrainConfig``'s plain defaults, so the suite runs with the profile
+off (``SRPO_MODEL_DEFAULTS=0``, inherited by the commands it starts); the tests of the profile itself
+(tests/test_model_defaults.py) turn it back on.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+os.environ["SRPO_MODEL_DEFAULTS"] = "0"
 
 
 @pytest.fixture(scope="session")

@@ -386,7 +386,7 @@ def test_views_are_not_pickled_and_help_lists_config_and_set() -> None:
 
 
 def test_a_config_toml_cannot_hold_warns_instead_of_stopping_the_run(tmp_path: Path) -> None:
-    cfg = TrainConfig(model="m", env_kwargs={"retriever_url": None})
+    cfg = TrainConfig(model="m", env_id="MultiTurnSearch-v0", env_kwargs={"retriever_url": None})
     # a previous run's file in the same --out must not survive to rerun that other run
     train_config.write_run_config(TrainConfig(model="other"), tmp_path)
     assert (tmp_path / "config.toml").exists()
