@@ -175,11 +175,23 @@ def _check_text(value: str) -> str:
     return value
 
 
+#: How far past this machine's clock a record's date may be (another machine's clock skew): a day.
+MAX_CLOCK_SKEW = dt.timedelta(days=1)
+
+
 def _check_date(value: str) -> str:
     try:
-        dt.datetime.fromisoformat(value)
+        when = dt.datetime.fromisoformat(value)
     except ValueError:
         raise ValueError(f"date must be ISO 8601 (e.g. 2025-01-31T12:00:00Z), got {value[:40]!r}") from None
+    if when.tzinfo is None:  # a date without a zone is read as UTC (what make_record writes)
+        when = when.replace(tzinfo=dt.UTC)
+    now = dt.datetime.now(dt.UTC)
+    if when > now + MAX_CLOCK_SKEW:
+        raise ValueError(
+            f"date {value[:40]} is in the future (this machine's clock says {now:%Y-%m-%d %H:%M} UTC; a day of "
+            "clock skew is allowed): a result cannot be dated before it was run"
+        )
     return value
 
 

@@ -71,6 +71,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import secrets
 import threading
@@ -84,9 +85,14 @@ from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from srpo_common.jsonsafe import loads_bounded
 from srpo_envs.registry import make, registry
 
 DEFAULT_MAX_SESSIONS = 64
+#: The longest ``/ws`` text message (characters): an observation request is a few KB; past this the socket
+#: closes with 1009 (message too big) before the text is parsed.
+WS_MAX_MESSAGE_CHARS = 1 << 20
+logger = logging.getLogger("srpo.env_server")
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 
 
@@ -586,7 +592,16 @@ class _OpenEnvRoutes:
         conn = _WsSession(self)
         try:
             while True:
-                raw = await websocket.receive_text()
+                frame = await websocket.receive()
+                if frame["type"] == "websocket.disconnect":
+                    break
+                raw = frame.get("text")
+                if raw is None:  # a binary frame: the protocol is JSON text (RFC 6455 1003: unsupported data)
+                    await websocket.close(code=1003, reason="binary frames are not accepted: send JSON text")
+                    break
+                if len(raw) > WS_MAX_MESSAGE_CHARS:  # RFC 6455 1009: message too big
+                    await websocket.close(code=1009, reason=f"a message is at most {WS_MAX_MESSAGE_CHARS} characters")
+                    break
                 try:
                     reply = await conn.handle(raw)
                 except _EnvError as exc:
@@ -605,9 +620,12 @@ class _OpenEnvRoutes:
                 await websocket.send_text(json.dumps(reply))
         except WebSocketDisconnect:
             pass
+        except Exception as exc:  # noqa: BLE001 - a client's connection failing under us: one line, no traceback
+            logger.info("env server /ws: connection ended: %s: %s", type(exc).__name__, str(exc)[:200])
         finally:
             conn.close()
-            with contextlib.suppress(RuntimeError):
+            # already closed or gone (an abrupt disconnect): nothing to send, and nothing to log
+            with contextlib.suppress(Exception):
                 await websocket.close()
 
 
@@ -634,9 +652,9 @@ class _WsSession:
 
     async def handle(self, raw: str) -> dict[str, Any] | None:
         try:
-            message = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise _EnvError(f"invalid JSON: {exc}", "INVALID_JSON") from None
+            message = loads_bounded(raw, what="message")
+        except (ValueError, RecursionError) as exc:  # malformed, too deep, or a number too long to convert
+            raise _EnvError(f"invalid JSON: {str(exc)[:200]}", "INVALID_JSON") from None
         if not isinstance(message, dict):
             raise _EnvError(f"a message is a JSON object, got {type(message).__name__}", "INVALID_JSON")
         kind = message.get("type")

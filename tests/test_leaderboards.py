@@ -198,6 +198,8 @@ BAD_RECORDS = [
     ("short record hash", _set("record_hash", "abc123"), "record_hash: not a sha256 hex digest"),
     ("bad git commit", _set("provenance/git_commit", "HEAD"), "git commit must be"),
     ("bad date", _set("provenance/date", "yesterday"), "ISO 8601"),
+    ("date in 2099", _set("provenance/date", "2099-01-01T00:00:00Z"), "is in the future"),
+    ("date in 9999", _set("provenance/date", "9999-12-31T23:59:59"), "is in the future"),
     ("bad suite name", _set("suite", "../etc"), "invalid suite name"),
     ("control chars in name", _set("name", "a\nb"), "control characters"),
     ("empty name", _set("name", "  "), "non-empty"),

@@ -201,3 +201,32 @@ def test_openenv_http_endpoints() -> None:
         assert r.status_code == 400 and "name the env" in r.json()["detail"]
     with pytest.raises(ValueError, match="is not served"):
         create_app(env_ids=["ProcArith-v0"], openenv_env_id="MathVerify-v0")
+
+
+def test_ws_answers_every_bad_frame_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """A binary frame closes with 1003, an oversized one with 1009; deep JSON and a 5000-digit integer get
+    an error frame and the socket stays usable; none of them logs a traceback."""
+    from starlette.websockets import WebSocketDisconnect
+
+    from srpo_envs.env_server import WS_MAX_MESSAGE_CHARS
+
+    client = TestClient(create_app(env_ids=["MathVerify-v0"]))
+    caplog.set_level("DEBUG")
+    with client.websocket_connect("/ws") as ws:
+        ws.send_bytes(b"\x00\x01")
+        with pytest.raises(WebSocketDisconnect) as info:
+            ws.receive_text()
+        assert info.value.code == 1003
+    with client.websocket_connect("/ws") as ws:
+        ws.send_text(" " * (WS_MAX_MESSAGE_CHARS + 1))
+        with pytest.raises(WebSocketDisconnect) as info:
+            ws.receive_text()
+        assert info.value.code == 1009
+    with client.websocket_connect("/ws") as ws:
+        for bad in ("[" * 100_000 + "]" * 100_000, '{"type": "reset", "data": {"seed": ' + "9" * 5000 + "}}"):
+            ws.send_text(bad)
+            reply = ws.receive_json()
+            assert reply["type"] == "error" and reply["data"]["code"] == "INVALID_JSON", reply
+        ws.send_text('{"type": "reset", "data": {"seed": 0}}')
+        assert ws.receive_json()["type"] == "observation"
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
