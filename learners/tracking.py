@@ -43,6 +43,7 @@ register with :func:`register_tracker`.
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
 import json
 import numbers
@@ -387,6 +388,68 @@ class MultiTracker:
             raise errors[0]
 
 
+class TrackerError(ValueError):
+    """A tracker cannot start from the state it finds (a junk store, a missing key): one line naming the
+    tracker and the fix, before any run is opened (exit 2 at the ``srpo`` boundary)."""
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def preflight(names: Iterable[str], out_dir: str | os.PathLike[str]) -> None:
+    """Check what each named tracker will need, cheaply and before any of them starts, so that broken
+    tracker state is one line within seconds instead of a backend's retries, its banner or its files left
+    outside ``out_dir``: the run directory is writable; MLflow's store in it (``OUT/mlflow.db``) is a
+    SQLite file when it exists; W&B online has an API key."""
+    out = Path(out_dir)
+    names = set(names)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot create the run directory ({exc.strerror})", str(out)) from None
+    try:  # a real write (os.access says yes to root on a read-only mount)
+        probe = out / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(exc.errno or errno.EACCES, f"the run directory is not writable ({exc.strerror})", str(out)) from None
+    if "mlflow" in names and not os.environ.get("MLFLOW_TRACKING_URI"):
+        db = out / "mlflow.db"
+        if db.is_dir():
+            raise TrackerError(
+                f"mlflow: {db} is a directory, not MLflow's SQLite store: move it away, or set MLFLOW_TRACKING_URI"
+            )
+        if db.is_file() and db.stat().st_size:
+            with db.open("rb") as fh:
+                head = fh.read(len(_SQLITE_MAGIC))
+            if head != _SQLITE_MAGIC:
+                raise TrackerError(
+                    f"mlflow: {db} is not a SQLite database (junk or another file): move it away to start a new "
+                    "store, or set MLFLOW_TRACKING_URI"
+                )
+    if "wandb" in names:
+        mode = os.environ.get("WANDB_MODE") or "offline"
+        if mode in ("online", "run") and not _wandb_key():
+            raise TrackerError(
+                "wandb: WANDB_MODE=online needs an API key: run `wandb login` or set WANDB_API_KEY (or unset "
+                "WANDB_MODE: runs are then offline in OUT/wandb, `wandb sync` uploads them later)"
+            )
+
+
+def _wandb_key() -> bool:
+    """Whether W&B will find an API key: ``WANDB_API_KEY``, or a netrc entry for its host."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
 def open_trackers(
     names: str | Iterable[str],
     out_dir: str | os.PathLike[str],
@@ -421,12 +484,20 @@ def open_trackers(
             for k, v in state.items()
             if isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
         }
+    if main:
+        preflight(chosen, out)
     run = RunInfo(out_dir=out, name=out.resolve().name, resume=resume, echo=echo or print, state=state)
     trackers: dict[str, Tracker] = {ALWAYS: TRACKERS[ALWAYS](run)}
     try:
         for name in chosen:
             if name != ALWAYS:
-                trackers[name] = TRACKERS[name](run)
+                try:
+                    trackers[name] = TRACKERS[name](run)
+                except (ImportError, OSError, TrackerError):
+                    raise
+                except Exception as exc:  # the backend's own error: named, on one line
+                    text = " ".join(str(exc).split())[:300]
+                    raise TrackerError(f"{name}: could not start ({type(exc).__name__}: {text})") from exc
     except BaseException:
         MultiTracker(trackers).close()
         raise

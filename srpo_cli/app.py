@@ -199,6 +199,7 @@ _wire()
 _INPUT_ERRORS = {
     ("learners.checkpoint", "CheckpointError"),
     ("learners.checkpoint", "CheckpointConfigError"),
+    ("learners.tracking", "TrackerError"),
     ("leaderboards.schema", "RecordValidationError"),
     ("leaderboards.evidence", "EvidenceError"),
     ("leaderboards.store", "StoreError"),

@@ -367,3 +367,28 @@ def test_a_fresh_start_forgets_the_trackers_run_ids(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"iteration": 1}\n')
     RunState(tmp_path, None, None, None, None).clear()  # type: ignore[arg-type]
     assert not (tmp_path / STATE_FILE).exists() and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_broken_tracker_state_is_one_line_naming_the_tracker(tmp_path, monkeypatch) -> None:
+    """A directory or junk file where MLflow's store goes, W&B online without a key: a TrackerError naming
+    the tracker and the fix, before any backend starts (no retries, nothing written outside OUT)."""
+    from learners.tracking import TrackerError, open_trackers
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = tmp_path / "run"
+    (run / "mlflow.db").mkdir(parents=True)
+    with pytest.raises(TrackerError, match=r"^mlflow: .*mlflow.db is a directory"):
+        open_trackers(["mlflow"], run, resume=True, main=True)
+    (run / "mlflow.db").rmdir()
+    (run / "mlflow.db").write_bytes(b"not a database at all")
+    with pytest.raises(TrackerError, match=r"^mlflow: .*is not a SQLite database"):
+        open_trackers(["mlflow"], run, resume=True, main=True)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    with pytest.raises(TrackerError, match=r"^wandb: WANDB_MODE=online needs an API key"):
+        open_trackers(["wandb"], tmp_path / "w", main=True)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OSError, match="cannot create the run directory"):
+        open_trackers(["wandb"], blocker / "run", main=True)
