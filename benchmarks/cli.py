@@ -647,16 +647,13 @@ def _compare_from_options(
 def compare_cmd(opts: AlgoCompareOptions) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy; decide each
     algorithm against the reference (decisions.md / decisions.csv)."""
-    from benchmarks.presets import BASELINES as ALGORITHMS
-
     _required_model(opts)  # a missing --model is reported before an unknown algorithm
     names = [a.strip() for a in opts.algos.split(",") if a.strip()]
-    unknown = [a for a in names if a not in ALGORITHMS]
-    if unknown:
-        raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(ALGORITHMS)}")
-    _compare_from_options(
-        opts, {a: ALGORITHMS[a] for a in names}, COMPARE_DEFAULTS["seeds"], f"{opts.suite}: algorithms"
-    )
+    try:
+        variants = presets.algorithm_variants(names)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--algos") from None
+    _compare_from_options(opts, variants, COMPARE_DEFAULTS["seeds"], f"{opts.suite}: algorithms")
 
 
 @app.command("ablation")
@@ -747,11 +744,10 @@ def power_cmd(opts: PowerOptions) -> None:
     if len(opts.staleness_arms()) > 1:
         raise typer.BadParameter("a pilot trains two variants: one --max-staleness and one --staleness-correction")
     if from_dir is None:
-        from benchmarks.presets import BASELINES
-
-        unknown = [n for n in names if n not in BASELINES]
-        if unknown:
-            raise typer.BadParameter(f"unknown algorithms {unknown}; choose from {sorted(BASELINES)}")
+        try:
+            variants = presets.algorithm_variants(names)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--variants") from None
         env = _training_env(suite)
         train = _comparison_train(opts)
         seeds = _seeds(opts.seeds or "0,1,2")
@@ -759,7 +755,7 @@ def power_cmd(opts: PowerOptions) -> None:
         _run_compare(
             opts.model or env.bundled_model,
             out,
-            with_staleness({n: BASELINES[n] for n in names}, opts),
+            with_staleness(variants, opts),
             seeds,
             suite,
             train,

@@ -23,6 +23,7 @@ from benchmarks.suites import (
     ROUTED_MEMBER_COST,
 )
 from learners.profiles import TINY
+from srpo_common import plugins
 
 _CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
 #: Where ``srpo bench quick`` looks for shipped warm-started tiny models before building them.
@@ -133,6 +134,23 @@ TRAINING_ENVS: dict[str, TrainingEnv] = {
     ),
 }
 
+plugins.watch("training env", TRAINING_ENVS)  # type: ignore[arg-type]  # a plugin may add, not replace
+
+
+def register_training_env(suite: str, env: TrainingEnv) -> TrainingEnv:
+    """Make ``suite`` (a registered :class:`benchmarks.suites.Suite`) trainable by ``srpo bench compare |
+    ablation | power``: where its RL runs train and the warm start they begin from (a plugin's door; a taken
+    name is refused)."""
+    from benchmarks.suites import SUITES
+
+    if suite in TRAINING_ENVS:
+        raise ValueError(f"suite {suite!r} already has a training env")
+    if suite not in SUITES:
+        raise ValueError(f"register the suite {suite!r} first (benchmarks.suites.register_suite)")
+    TRAINING_ENVS[suite] = env
+    return env
+
+
 #: RL settings of the CPU-scale runs: one on-policy minibatch per iteration, a small learning rate
 #: (larger ones destabilise the 2.4M-parameter warm start).
 QUICK_TRAIN: dict[str, Any] = {
@@ -216,6 +234,19 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
 BASELINES: dict[str, dict[str, Any]] = {
     name: {"algo": name} for name in ("srpo", "grpo", "dr-grpo", "gspo", "dr-mas", "at-grpo", "rloo", "mappo")
 }
+def algorithm_variants(names: list[str]) -> dict[str, dict[str, Any]]:
+    """``--algos`` names -> their ``TrainConfig`` overrides: the shipped baselines, and any algorithm
+    registered since (a plugin's: ``learners.algorithms.register_algorithm``); an unknown name raises
+    ``ValueError`` listing the known ones."""
+    from learners.algorithms import ALGORITHMS as REGISTERED
+
+    known = {**BASELINES, **{n: {"algo": n} for n in REGISTERED if n not in BASELINES}}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown algorithms {unknown}; choose from {sorted(known)}")
+    return {n: known[n] for n in names}
+
+
 #: The SRPO set-normalisation ablation (``srpo bench ablation``): sqrt (default), sum, mean and K=1.
 ABLATIONS: dict[str, dict[str, Any]] = {
     "srpo-sqrt": {"algo": "srpo", "norm": "sqrt"},

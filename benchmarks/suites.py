@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from srpo_common import sha256_json
+from srpo_common import plugins, sha256_json
 
 __all__ = [
     "MATH_WORKFLOWS",
@@ -343,6 +343,7 @@ class Suite:
 
 
 SUITES: dict[str, Suite] = {}
+plugins.watch("suite", SUITES)  # type: ignore[arg-type]  # a plugin may add, not replace
 
 
 def register_suite(suite: Suite) -> Suite:

@@ -44,6 +44,7 @@ from pydantic.types import FiniteFloat
 
 from srpo_common.hashing import canonical_json, sha256_bytes, sha256_file
 from srpo_common.jsonsafe import loads_bounded
+from srpo_common.plugins import provenance as plugin_provenance
 
 __all__ = [
     "Evidence",
@@ -229,6 +230,9 @@ class Provenance(BaseModel):
     #: sections (``srpo train --config``). Optional and left out of the hash when unset, so records
     #: written before it keep their ids.
     config: dict[str, Any] | None = None
+    #: the plugins the run had loaded (``srpo_common.plugins``: name -> target and distribution version),
+    #: which its algorithm, env or suite may come from; optional, left out of the hash when unset
+    plugins: dict[Text, Text] | None = None
 
     @model_validator(mode="after")
     def _model_identified(self) -> Provenance:
@@ -525,8 +529,10 @@ def _drop_unset(data: dict[str, Any]) -> dict[str, Any]:
             data.pop(key, None)
     if isinstance(data.get("evidence"), dict) and data["evidence"].get("protocol") is None:
         data["evidence"].pop("protocol", None)
-    if isinstance(data.get("provenance"), dict) and data["provenance"].get("config") is None:
-        data["provenance"].pop("config", None)
+    if isinstance(data.get("provenance"), dict):
+        for key in ("config", "plugins"):
+            if data["provenance"].get(key) is None:
+                data["provenance"].pop(key, None)
     return data
 
 
@@ -738,6 +744,7 @@ def make_record(
     metrics_std: Mapping[str, Mapping[str, float]] | None = None,
     macro_std: Mapping[str, float] | None = None,
     evidence: Mapping[str, Any] | None = None,
+    plugins: Mapping[str, str] | None = None,
 ) -> LeaderboardRecord:
     """Build a validated, hashed record, filling what can be derived.
 
@@ -748,6 +755,7 @@ def make_record(
     * ``version``/``commit``: :func:`package_version` / :func:`git_commit` (``"unknown"`` fallback).
     * ``date``: now, UTC, second precision. ``name``: ``"<algorithm>/<model id or weights hash>"``.
     * ``metrics_std``/``macro_std``/``evidence``: optional (see :class:`RecordContent`).
+    * ``plugins``: the plugins this process loaded (:func:`srpo_common.plugins.provenance`) when omitted.
 
     Raises :class:`RecordValidationError` if the result is not a valid record.
     """
@@ -795,6 +803,7 @@ def make_record(
             "corpus": corpus,
             "corpus_sha256": corpus_sha256,
             "date": date if date is not None else _utc_now(),
+            "plugins": dict(plugins if plugins is not None else plugin_provenance()) or None,
         },
     }
     if metrics_std is not None:

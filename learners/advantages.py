@@ -43,6 +43,7 @@ from torch import Tensor
 
 from agents.rows import Row
 from learners.batching import EventTable, build_event_table
+from srpo_common import plugins
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -85,6 +86,7 @@ class AdvantageResult:
 
 AdvEstimator = Callable[[EventTable, AdvantageConfig, "Tensor | None"], AdvantageResult]
 ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
+plugins.watch("advantage estimator", ADV_ESTIMATORS)  # type: ignore[arg-type]  # a plugin may add, not replace
 """Estimator name -> ``fn(table, cfg, values) -> AdvantageResult`` (``values``: the critic's ``[E]``
 values for critic-based estimators, else None)."""
 

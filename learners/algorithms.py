@@ -30,6 +30,7 @@ from typing import Any
 
 from learners.advantages import ADV_ESTIMATORS
 from learners.losses import POLICY_LOSSES
+from srpo_common import plugins
 
 __all__ = ["ALGORITHMS", "Algorithm", "get_algorithm", "register_algorithm"]
 
@@ -56,6 +57,7 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {}
 """Algorithm name -> :class:`Algorithm`."""
+plugins.watch("algorithm", ALGORITHMS)  # type: ignore[arg-type]  # a plugin may add, not replace
 
 
 def register_algorithm(

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from srpo_common import plugins
 from srpo_common.config_file import ConfigFileError, Layout, shipped_experiment
 
 if TYPE_CHECKING:
@@ -288,6 +289,7 @@ def dumps_train_config(cfg: TrainConfig) -> str:
     return train_layout().dumps(
         config_values(cfg),
         header="srpo train experiment file (learners/config.py): srpo train --config THIS [--set section.field=value]",
+        imports=plugins.imported(),  # the run's --import plugins: rerunning it needs them again
     )
 
 

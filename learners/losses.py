@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from srpo_common import plugins
+
 __all__ = [
     "AGG_MODES",
     "AGG_UNITS",
@@ -781,6 +783,7 @@ class PolicyLoss:
 
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
+plugins.watch("policy loss", POLICY_LOSSES)  # type: ignore[arg-type]  # a plugin may add, not replace
 """Policy-loss name -> :class:`PolicyLoss`; trainers look the configured loss up here."""
 
 

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from learners import checkpoint as ckpt
+from srpo_common import plugins
 from srpo_common.io import atomic_write_text
 
 #: Where a run's backends keep the ids a resume reattaches to.
@@ -323,6 +324,7 @@ TRACKERS: dict[str, Callable[[RunInfo], Tracker]] = {
     "wandb": WandbTracker,
     "mlflow": MlflowTracker,
 }
+plugins.watch("tracker", TRACKERS)  # type: ignore[arg-type]  # a plugin may add, not replace
 #: The backend every run has (resume, ``bench compare`` and the leaderboards read ``metrics.jsonl``).
 ALWAYS = "jsonl"
 

@@ -706,12 +706,24 @@ class Trainer:
         """``pi_old`` of ``rows`` in batch order by the training forward (:meth:`PolicyForward.old_logprobs`)."""
         return self.forward.old_logprobs(rows)
 
-    def update(self, batch: RolloutBatch, iteration: int) -> dict[str, Any]:
-        """Train on ``batch`` as iteration ``iteration``: advantages once, then ``epochs`` x minibatches of
-        (micro-batched) loss and one optimizer step each (:meth:`learners.update.PolicyUpdate.update`);
-        returns the iteration's ``actor/...``, ``critic/...`` and ``rollout/...`` metrics. ``iteration``
-        seeds the minibatch shuffles (what the loop passes: the iteration being trained, from 1); after
-        it the trainer is at ``iteration`` (a checkpoint saved then records it)."""
+    def rollout(self, iteration: int | None = None) -> RolloutBatch:
+        """One iteration's rollouts, as the training loop collects them: ``tasks_per_iter`` tasks x
+        ``group_size`` episodes with the current weights, seeded by ``(seed, iteration)`` (default: the
+        next iteration, ``self.iteration + 1``), dynamic sampling applied, events missing a member dropped.
+        The batch holds one row per agent output (``batch.rows``) and the episodes' outcomes; pass it to
+        :meth:`update`."""
+        it = self.iteration + 1 if iteration is None else int(iteration)
+        _, batch, _ = self.rollout_phase.run(it)
+        return batch
+
+    def update(self, batch: RolloutBatch, iteration: int | None = None) -> dict[str, Any]:
+        """Train on ``batch`` as iteration ``iteration`` (default: the next, ``self.iteration + 1``):
+        advantages once, then ``epochs`` x minibatches of (micro-batched) loss and one optimizer step each
+        (:meth:`learners.update.PolicyUpdate.update`); returns the iteration's ``actor/...``,
+        ``critic/...`` and ``rollout/...`` metrics. ``iteration`` seeds the minibatch shuffles (what the
+        loop passes: the iteration being trained, from 1); after it the trainer is at ``iteration`` (a
+        checkpoint saved then records it)."""
+        iteration = self.iteration + 1 if iteration is None else int(iteration)
         if self.updater.section is not self.cfg.update:  # a field was assigned on self.cfg since the parts got theirs
             self._hand_out_sections()
         stats = self.updater.update(batch, iteration)
@@ -787,9 +799,7 @@ class Trainer:
             self.export(self.out / "final")
         if self.dist.is_main:
             summary = run_summary(history)
-            atomic_write_json(self.out / "summary.json", summary)
-            if summary["verdict"] == "worse":
-                self.log(f"[{cfg.algo}] {summary['line']}")
+            atomic_write_json(self.out / "summary.json", summary)  # `srpo train` prints its line last
         self.scale.close()
         return history
 

@@ -40,6 +40,7 @@ from typing import Any
 import click
 import typer
 
+from srpo_common import plugins
 from srpo_common.interrupt import interrupted_line
 
 
@@ -79,10 +80,18 @@ def _options(
     debug: bool = typer.Option(
         False, "--debug", help="Print the full traceback of an error (also: SRPO_DEBUG=1); any position."
     ),
+    imports: list[str] | None = typer.Option(
+        None,
+        "--import",
+        help="import MODULE (or call MODULE:FUNCTION) first, so that what it registers (an env, algorithm, "
+        "suite, tracker) can be named; repeatable, any position. Installed packages' `srpo.plugins` entry "
+        "points load on their own",
+    ),
 ) -> None:
     """srpo: multi-agent LLM environments, learners, benchmarks and leaderboards."""
     if debug:
         os.environ["SRPO_DEBUG"] = "1"
+    plugins.import_modules(imports or [])  # app() called directly; main() took them off the line already
 
 
 @app.command("envs")
@@ -200,6 +209,7 @@ _INPUT_ERRORS = {
     ("learners.checkpoint", "CheckpointError"),
     ("learners.checkpoint", "CheckpointConfigError"),
     ("learners.tracking", "TrackerError"),
+    ("srpo_common.plugins", "PluginError"),
     ("leaderboards.schema", "RecordValidationError"),
     ("leaderboards.evidence", "EvidenceError"),
     ("leaderboards.store", "StoreError"),
@@ -268,7 +278,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("SRPO_DEBUG") == "1"
     args = [a for a in args if a != "--debug"]
+    args, imports = _take_imports(args)
     try:
+        # plugins before the command parses: `--algo THEIRS` and `--env THEIRS` must be registered by then
+        plugins.load_entry_points()
+        plugins.import_modules(imports)
         # standalone_mode=False: click hands usage errors to this boundary (one line) instead of printing
         # its boxed panel, and returns an ``Exit``'s code; typer turns Ctrl-C into Exit(130) itself
         code = app(args=args, prog_name="srpo", standalone_mode=False)
@@ -295,6 +309,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(interrupted_line(), file=sys.stderr)
     if isinstance(code, int) and not isinstance(code, bool) and code:
         raise SystemExit(code)
+
+
+def _take_imports(args: list[str]) -> tuple[list[str], list[str]]:
+    """``--import MODULE`` / ``--import=MODULE`` anywhere on the command line (like ``--debug``): the
+    modules, and the arguments without them."""
+    rest: list[str] = []
+    modules: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":  # everything after is the command's own
+            rest += args[i:]
+            break
+        if a == "--import" and i + 1 < len(args):
+            modules.append(args[i + 1])
+            i += 2
+            continue
+        if a.startswith("--import="):
+            modules.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+        i += 1
+    return rest, modules
 
 
 def _usage_line(exc: Any) -> str:

@@ -41,11 +41,14 @@ from typing import Any
 
 import tomli_w
 
+from srpo_common import plugins
 from srpo_common.fieldcheck import quote
 from srpo_common.io import atomic_write_text
 
 #: The largest experiment file read (the shipped ones are < 2 KB): a bigger one is a mistake or hostile.
 MAX_FILE_BYTES = 1 << 20
+#: A top-level key of an experiment file: modules to import before its names are read (plugins).
+IMPORTS_KEY = "imports"
 _MAX_KEY = 200
 
 
@@ -188,8 +191,9 @@ class Layout:
         return f"unknown {what} {name!r}{hint}"
 
     # ------------------------------------------------------------------ files
-    def dumps(self, flat: Mapping[str, Any], header: str = "") -> str:
-        """TOML text of ``flat`` in sections; ``None`` values are left out (see the module docstring)."""
+    def dumps(self, flat: Mapping[str, Any], header: str = "", imports: Iterable[str] = ()) -> str:
+        """TOML text of ``flat`` in sections; ``None`` values are left out (see the module docstring);
+        ``imports``: modules the file imports first (its top-level ``imports`` key)."""
         defaults = {f.name: f for f in dataclasses.fields(self.cls)}
         kept: dict[str, Any] = {}
         for name, value in flat.items():
@@ -203,6 +207,9 @@ class Layout:
             kept[name] = _toml_value(value, name)
         text = _inline_arrays(tomli_w.dumps(self.nest(kept)))
         lines = [f"# {line}".rstrip() for line in header.splitlines()] if header else []
+        imports = list(imports)
+        if imports:  # a top-level key: before the first table
+            text = _inline_arrays(tomli_w.dumps({IMPORTS_KEY: imports})) + "\n" + text
         return "\n".join(lines) + ("\n\n" if lines else "") + text
 
     def write(self, path: str | Path, flat: Mapping[str, Any], header: str = "") -> Path:
@@ -219,12 +226,16 @@ class Layout:
                     f"{path}: {size:,} bytes is not an experiment file (at most {MAX_FILE_BYTES:,}): nothing was read"
                 )
             nested = tomllib.loads(path.read_text(encoding="utf-8"))
+            imports = nested.pop(IMPORTS_KEY, [])
         except FileNotFoundError:
             raise ConfigFileError(f"no experiment file {path}") from None
         except UnicodeDecodeError as exc:
             raise ConfigFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigFileError(f"{path}: not valid TOML: {exc}") from None
+        if not isinstance(imports, list) or not all(isinstance(m, str) for m in imports):
+            raise ConfigFileError(f"{path}: {IMPORTS_KEY} must be a list of module names, got {quote(imports)}")
+        plugins.import_modules(imports, source=f"{path} {IMPORTS_KEY}")  # what the file's names need
         return self.flatten(nested, source=str(path))
 
     def parse_sets(self, items: Iterable[str]) -> dict[str, Any]:

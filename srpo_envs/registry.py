@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from srpo_common import plugins
+
 
 @dataclass(frozen=True)
 class EnvSpec:
@@ -61,6 +63,7 @@ class EnvKwargsError(ValueError):
 
 
 registry: dict[str, EnvSpec] = {}
+plugins.watch("env", registry)  # type: ignore[arg-type]  # a plugin may add, not replace
 
 
 def register(

@@ -1,0 +1,51 @@
+"""The library surface: the packages' main names import lazily, and the "Train from Python" page's script
+(examples/train_from_python.py, shown unchanged on docs/python.md) trains the shipped model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "train_from_python.py"
+
+
+def test_main_names_import_from_the_packages_without_loading_torch() -> None:
+    code = (
+        "import sys, learners, agents, benchmarks, leaderboards\n"
+        "assert 'torch' not in sys.modules, 'import learners loaded torch'\n"
+        "from learners import Trainer, TrainConfig, register_algorithm, settings_for\n"
+        "from agents import ScriptedTeam, HFPolicy\n"
+        "from benchmarks import register_suite, run_comparison, register_training_env\n"
+        "from leaderboards import make_record, validate_record\n"
+        "import learners.trainer\n"
+        "assert Trainer is learners.trainer.Trainer\n"
+        "for pkg in (learners, agents, benchmarks, leaderboards):\n"
+        "    for name in pkg.__all__:\n"
+        "        getattr(pkg, name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_page_shows_the_script_unchanged() -> None:
+    page = (ROOT / "docs" / "python.md").read_text(encoding="utf-8")
+    assert f"```python\n{SCRIPT.read_text(encoding='utf-8')}```" in page
+    assert len(SCRIPT.read_text().splitlines()) <= 30
+
+
+@pytest.mark.slow
+def test_the_train_from_python_script_trains_the_shipped_model(tmp_path: Path) -> None:
+    (tmp_path / "agents").symlink_to(ROOT / "agents")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert [x.split(":")[0] for x in lines[:4]] == [f"iteration {i}" for i in range(1, 5)], lines
+    start, end = (float(x) for x in lines[-1].removeprefix("held-out accuracy ").split(" -> "))
+    assert end >= start, lines[-1]
+    assert (tmp_path / "runs" / "python" / "final" / "config.json").is_file()
