@@ -21,7 +21,7 @@ import typer
 from agents.model_source import ModelNotAvailable
 from learners.algorithms import ALGORITHMS
 from learners.checkpoint import CheckpointError
-from learners.config import train_layout
+from learners.config import TRAIN_SECTIONS, train_layout
 from learners.memory_plan import GIB, MemoryPlanError
 from learners.profiles import profile
 from learners.served import LogprobMismatchError
@@ -43,6 +43,8 @@ _ALGO_HELP = "algorithm, one of: " + ", ".join(
         "eval_env_kwargs": "--eval-env-kwarg",
     },
     helps={"algo": _ALGO_HELP},
+    # one --help panel per experiment-file section ([run], [rollout], [update], ...)
+    panels={name: f"Section {sec}" for sec, names in TRAIN_SECTIONS.items() for name in names},
     layout=train_layout,  # --config exp.toml / --set section.field=value (learners.config)
     # settings a user did not give: those tested for the model's class (learners.profiles)
     profile=Profile(

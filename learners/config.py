@@ -327,3 +327,49 @@ def read_train_config(
 def flat_to_sections(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """A flat ``TrainConfig`` mapping (e.g. an old checkpoint's ``config.json``) in sections, as plain data."""
     return train_layout().nest(dict(flat))
+
+
+def reference_page() -> str:
+    """The markdown of docs/config-reference.md: every ``TrainConfig`` field by section (name, type, default
+    and its docstring, the ``--help`` text), generated from the class (``python -m learners.config``
+    rewrites the page; ``tests/test_python_api.py`` fails when the two disagree)."""
+    import typing
+
+    from learners.trainer import TrainConfig
+    from srpo_common.cli import field_docs
+
+    docs = field_docs(TrainConfig)
+    hints = typing.get_type_hints(TrainConfig)
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+    def cell(text: str) -> str:
+        return " ".join(str(text).split()).replace("|", "&#124;")
+
+    def type_name(tp: Any) -> str:
+        return cell(str(tp).replace("typing.", "").replace("<class '", "").replace("'>", ""))
+
+    def default(f: dataclasses.Field[Any]) -> str:
+        value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        return cell(f"`{value!r}`")
+
+    lines = [
+        "# Training config reference",
+        "",
+        "Every field of `learners.TrainConfig`, by the section an experiment file writes it in "
+        "([experiment files](experiments.md)): `srpo train --FIELD-NAME VALUE`, `--set SECTION.FIELD=VALUE` or "
+        "`[SECTION] FIELD = VALUE`. Generated from the class by `python -m learners.config > "
+        "docs/config-reference.md`; `tests/test_python_api.py` fails when this page and the class disagree. "
+        "A setting a command leaves out may be filled by the model's class "
+        "([settings by model class](experiments.md#settings-by-model-class)).",
+    ]
+    for sec, names in TRAIN_SECTIONS.items():
+        lines += ["", f"## [{sec}]", "", "| field | type | default | what it is |", "|---|---|---|---|"]
+        for name in names:
+            f = fields[name]
+            lines.append(f"| `{name}` | {type_name(hints[name])} | {default(f)} | {cell(docs.get(name, ''))} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(reference_page(), end="")
+

@@ -223,6 +223,7 @@ def dataclass_command(
     helps: Mapping[str, str] | None = None,
     layout: Layout | Callable[[], Layout] | None = None,
     profile: Profile | None = None,
+    panels: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Decorator: ``run(cfg: config_cls, **extra)`` -> a typer command with one option per field.
 
@@ -239,6 +240,7 @@ def dataclass_command(
     settings by model class, :mod:`learners.profiles`). Its overrides replace only the fields the user did
     not set (on the command line, in the file or by ``--set``), and a line on stderr says which ones it
     set; its ``--option/--no-option`` flag (or environment variable) turns it off.
+    ``panels``: field -> the ``--help`` panel its option is listed in (e.g. its experiment-file section).
     """
     skip = set(exclude)
     names, defaults, helps = dict(names or {}), dict(defaults or {}), dict(helps or {})
@@ -268,7 +270,10 @@ def dataclass_command(
             conv = _Converter(f.name, hints[f.name], default, option)
             converters[f.name] = conv
             help_text = (helps.get(f.name) or docs.get(f.name, "")) + conv.suffix
-            info = typer.Option(conv.default, *conv.param_decls(), help=help_text.strip() or None)
+            info = typer.Option(
+                conv.default, *conv.param_decls(), help=help_text.strip() or None,
+                rich_help_panel=(panels or {}).get(f.name),
+            )  # fmt: skip
             params.append(
                 inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=conv.type)
             )

@@ -49,3 +49,12 @@ def test_the_train_from_python_script_trains_the_shipped_model(tmp_path: Path) -
     start, end = (float(x) for x in lines[-1].removeprefix("held-out accuracy ").split(" -> "))
     assert end >= start, lines[-1]
     assert (tmp_path / "runs" / "python" / "final" / "config.json").is_file()
+
+
+def test_the_config_reference_page_is_the_class() -> None:
+    """docs/config-reference.md is generated from TrainConfig (`python -m learners.config`): a field added,
+    removed or re-documented without regenerating the page fails here."""
+    from learners.config import reference_page
+
+    page = (ROOT / "docs" / "config-reference.md").read_text(encoding="utf-8")
+    assert page == reference_page(), "regenerate: python -m learners.config > docs/config-reference.md"
