@@ -403,11 +403,12 @@ class TrainConfig:
 
     def _check_ranges(self) -> None:
         """Numbers that mean something only within a range (the type is already checked)."""
-        positive = ("lr", "critic_lr", "temperature", "max_grad_norm", "vf_clip")
+        positive = ("temperature", "max_grad_norm", "vf_clip")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         at_least = {
+            "lr": 0, "critic_lr": 0,  # 0: the weights stay put (the exactness tests' frozen updates)
             "warmup": 0, "weight_decay": 0, "kl_coef": 0, "entropy_coef": 0, "eval_every": 0, "save_every": 0,
             "seed": 0, "lora_rank": 1, "max_new_tokens": 1, "critic_max_tokens": 1, "eval_problems": 1, "eval_k": 1,
         }  # fmt: skip
