@@ -147,3 +147,9 @@ def test_an_experiment_file_imports_its_plugins_and_a_run_saves_them(
     exp.write_text('imports = "not a list"\n')
     err = _one_line_exit_2(["train", "--config", str(exp)], capsys)
     assert "imports must be a list of module names" in err
+
+
+def test_the_suite_page_shows_the_plugin_unchanged() -> None:
+    page = (ROOT / "docs" / "adding-a-suite.md").read_text(encoding="utf-8")
+    source = (FIXTURE / "srpo_demo_plugin" / "__init__.py").read_text(encoding="utf-8")
+    assert f"```python\n{source}```" in page and f"```toml\n{(FIXTURE / 'pyproject.toml').read_text()}```" in page
