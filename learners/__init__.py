@@ -14,7 +14,7 @@ docs/python.md is the page for training from Python.
 from srpo_common.lazy import lazy_exports
 
 _EXPORTS = {
-    "TrainConfig": "learners.trainer",
+    "TrainConfig": "learners.config",
     "Trainer": "learners.trainer",
     "train": "learners.trainer",
     "run_summary": "learners.trainer",

@@ -122,7 +122,7 @@ def test_an_int_field_takes_no_bool_and_no_float() -> None:
         ("rollout.temperature=nan", "rollout.temperature: expected a finite number, got nan"),
         ("update.lr=inf", "update.lr: expected a finite number, got inf"),
         ("update.lr=1e400", "update.lr: expected a finite number, got inf"),
-        ("update.lr=-1", "lr must be > 0"),
+        ("update.lr=-1", "lr must be >= 0, got -1.0"),
         ("run.iterations=", "run.iterations: expected an integer, got a string ''"),
         ("run.env_kwargs={foo=1}", "takes no env kwarg 'foo'; it accepts: workflow, dataset"),
         ('run.out_dir="runs/x"\\n[evil]', "is not a valid TOML value"),
