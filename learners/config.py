@@ -432,18 +432,19 @@ class TrainConfig:
     """stop the run (non-zero exit, last finite checkpoint kept, nothing exported) after this many optimizer
     steps in a row were skipped for a non-finite loss or gradient norm (each is counted in
     actor/nonfinite_steps)"""
-    guard_max_approx_kl: float = 5.0
+    guard_max_approx_kl: float = 1.0
     """divergence guard (learners.guard): stop the run (exit 3, this iteration's weights neither checkpointed
     nor exported) when an iteration's actor/approx_kl exceeds this (inf: off)"""
-    guard_max_log_ratio: float = 3.0
+    guard_max_log_ratio: float = 2.0
     """divergence guard: stop when an iteration's actor/mean_abs_log_ratio exceeds this (inf: off)"""
     guard_max_loss: float = 100.0
     """divergence guard: stop when an iteration's |actor/loss| exceeds this (inf: off)"""
     guard_max_grad_norm: float = 1e4
     """divergence guard: stop when an iteration's actor/grad_norm (before clipping) exceeds this (inf: off)"""
-    guard_eval_drop: float = 0.9
-    """divergence guard: stop when held-out accuracy falls by more than this fraction of iteration 0's
-    (checked when evaluated and iteration 0 solved at least 10 samples; 1: off)"""
+    guard_eval_drop: float = 0.5
+    """divergence guard: stop when held-out accuracy falls by more than this fraction of iteration 0's and
+    the fall is beyond sampling noise (z >= 3; checked when evaluated and iteration 0 solved at least 10
+    samples; 1: off)"""
     clip_eps: float | None = None
     """clip range of the ratio (event ratio for SRPO, token ratio for GRPO/PPO, sequence ratio for GSPO);
     None: the algorithm's (0.2; GSPO 3e-4 with upper 4e-4, its paper's, as its ratio is a per-token mean)"""

@@ -9,9 +9,12 @@ export the wreck. It reads only what the trainer already logs per iteration (the
 :class:`learners.checkpoint.NonFiniteError`: the ``srpo`` boundary prints its one line and exits 3, as for
 persistent non-finite steps.
 
-The default thresholds sit orders of magnitude above what healthy runs of every shipped preset log
-(``python -m benchmarks.perf.guard_margins`` prints the margins) and orders below what a blown-up update
-logs; each is a ``TrainConfig`` field (``--guard-...``), ``inf`` turns one off.
+The default thresholds sit well above what healthy runs log, at ``srpo train``'s defaults for the
+shipped models and at every bench preset (``python -m benchmarks.perf.guard_margins`` prints the margins;
+docs/results/defaults.md has the calibration: healthy approx-KL at most 0.053 against the threshold 1.0, mean
+|log-ratio| 0.196 against 2.0, and no healthy held-out evaluation below its start), and below what a
+far off-policy or blown-up update logs (approx-KL 1.6-5.4 at lr 3e-4 with two epochs on a tiny model, 8e12
+at lr 1000); each is a ``TrainConfig`` field (``--guard-...``), ``inf`` turns one off.
 """
 
 from __future__ import annotations
@@ -34,6 +37,20 @@ GUARD_METRICS: dict[str, tuple[str, str]] = {
 #: Held-out samples iteration 0 must have solved before an accuracy drop counts: with fewer, a healthy
 #: policy's sampling noise alone can read as a collapse (10 expected, at most 1 seen: p ~ 5e-4).
 MIN_START_SOLVED = 10
+#: How far (in standard errors of the difference of two proportions over ``eval_samples`` each) held-out
+#: accuracy must fall below the start before the drop counts: a healthy run's evaluation noise never
+#: reaches it (one-sided p ~ 1e-3), a collapse does at once (0.578 -> 0.141 on 64 samples: z = 5.1).
+MIN_DROP_Z = 3.0
+
+
+def significant_drop(start: float, now: float, samples: int) -> bool:
+    """Whether ``now`` is below ``start`` by at least :data:`MIN_DROP_Z` standard errors (pooled two-proportion
+    z over ``samples`` held-out samples each)."""
+    if samples <= 0:
+        return False
+    pooled = (start + now) / 2.0
+    se = math.sqrt(max(pooled * (1.0 - pooled), 1e-12) * 2.0 / samples)
+    return (start - now) / se >= MIN_DROP_Z
 
 
 class DivergenceError(NonFiniteError):
@@ -97,6 +114,7 @@ def violations(
         and record.get("iteration", 0) != 0
         and start * eval_samples >= MIN_START_SOLVED
         and acc < (1.0 - limits.eval_drop) * start
+        and significant_drop(start, float(acc), eval_samples)
     ):
         out.append(
             f"held-out accuracy {start:.3f} -> {acc:.3f}, down more than {limits.eval_drop:.0%} "

@@ -30,7 +30,7 @@ def test_violations_name_each_metric_past_its_threshold() -> None:
     blown = {**healthy, "actor/approx_kl": 7.95e12, "actor/mean_abs_log_ratio": 997003.1, "actor/loss": -1e5}
     found = guard.violations(blown, LIMITS)
     assert [f.split()[0] for f in found] == ["actor/approx_kl", "actor/mean_abs_log_ratio", "actor/loss"]
-    assert "actor/approx_kl 7.95e+12 > 5 (--guard-max-approx-kl)" in found[0]
+    assert "actor/approx_kl 7.95e+12 > 1 (--guard-max-approx-kl)" in found[0]
     # a skipped (non-finite) step is the non-finite counter's business, not the guard's
     assert guard.violations({**healthy, "actor/grad_norm": math.nan}, LIMITS) == []
     # thresholds are options: inf turns one off
@@ -41,8 +41,12 @@ def test_violations_name_each_metric_past_its_threshold() -> None:
 def test_eval_collapse_counts_only_when_the_start_had_something_to_lose() -> None:
     record = {"iteration": 2, "eval_accuracy": 0.0}
     found = guard.violations(record, LIMITS, start=0.578, eval_samples=64)
-    assert found == ["held-out accuracy 0.578 -> 0.000, down more than 90% (--guard-eval-drop)"]
-    assert guard.violations({"iteration": 2, "eval_accuracy": 0.1}, LIMITS, start=0.578, eval_samples=64) == []
+    assert found == ["held-out accuracy 0.578 -> 0.000, down more than 50% (--guard-eval-drop)"]
+    # the MAPPO collapse at its first evaluation (0.578 -> 0.141 on 64 samples: z = 5.1)
+    assert guard.violations({"iteration": 1, "eval_accuracy": 0.141}, LIMITS, start=0.578, eval_samples=64)
+    assert guard.violations({"iteration": 2, "eval_accuracy": 0.3}, LIMITS, start=0.578, eval_samples=64) == []
+    # below half the start but within noise on few samples (0.625 -> 0.15 on 16 samples: z = 2.8): not a collapse
+    assert guard.violations({"iteration": 2, "eval_accuracy": 0.15}, LIMITS, start=0.625, eval_samples=16) == []
     # 3 of 64 solved at the start: 0 later is within sampling noise, not a collapse
     assert guard.violations(record, LIMITS, start=3 / 64, eval_samples=64) == []
     assert guard.start_accuracy([{"iteration": 0, "eval_accuracy": 0.5}, {"iteration": 1}]) == 0.5
