@@ -307,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if code == 130:  # KeyboardInterrupt, turned into Exit(130) by typer: say where the run can go on
         _close_progress_bars()
         print(interrupted_line(), file=sys.stderr)
+    # commands return None: an int here is the code of a typer.Exit they raised (0: success)
     if isinstance(code, int) and not isinstance(code, bool) and code:
         raise SystemExit(code)
 

@@ -230,3 +230,32 @@ def test_ws_answers_every_bad_frame_without_a_traceback(caplog: pytest.LogCaptur
         ws.send_text('{"type": "reset", "data": {"seed": 0}}')
         assert ws.receive_json()["type"] == "observation"
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+def test_an_abrupt_disconnect_logs_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    """A client that drops the TCP connection mid-session (no close frame, a reply in flight): uvicorn's
+    log (its own handler on stderr) holds no traceback."""
+    import asyncio
+
+    import websockets
+
+    # a server of its own, started under this capture: uvicorn's log handler binds stderr when it starts
+    server = serve_in_thread(create_app(env_ids=["MathVerify-v0"]))
+
+    async def drop() -> None:
+        url = server.url.replace("http://", "ws://") + "/ws"
+        idle = await websockets.connect(url)
+        idle.transport.abort()  # gone at once: no close frame, the server is waiting for a message
+        ws = await websockets.connect(url)
+        await ws.send('{"type": "reset", "data": {"seed": 0}}')
+        await ws.recv()
+        ws.transport.abort()  # gone mid-session
+
+    try:
+        for _ in range(5):
+            asyncio.run(drop())
+        time.sleep(1.0)  # let the server notice and clean up
+    finally:
+        server.stop()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in ASGI application" not in err, err[-3000:]
