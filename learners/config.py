@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import srpo_envs
 from learners import guard
 from learners.advantages import ADV_SCALES, get_adv_estimator
 from learners.algorithms import get_algorithm
@@ -692,8 +693,6 @@ class TrainConfig:
 
     def _check_env(self) -> None:
         """A registered env id whose constructor takes every key of env_kwargs and eval_env_kwargs."""
-        import srpo_envs
-
         try:
             spec = srpo_envs.registry[self.env_id]
         except KeyError:

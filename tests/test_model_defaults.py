@@ -99,6 +99,11 @@ def _doc_train_commands() -> list[tuple[str, str]]:
     return found
 
 
+def _needs_demo_plugin(command: str) -> bool:
+    """A docs command that names what the demo plugin registers (docs/algorithms.md installs it first)."""
+    return "demo-reinforce" in command or "DemoColumns-v0" in command
+
+
 @pytest.mark.slow
 def test_every_docs_train_command_on_a_shipped_model_ends_at_or_above_its_start(tmp_path: Path) -> None:
     """Run in order in one directory (the README's second command reads the first's config.toml), with
@@ -107,9 +112,14 @@ def test_every_docs_train_command_on_a_shipped_model_ends_at_or_above_its_start(
     assert any(c.startswith("README.md") for c, _ in commands), commands
     (tmp_path / "agents").symlink_to(ROOT / "agents")
     env = {k: v for k, v in os.environ.items() if k != "SRPO_MODEL_DEFAULTS"}
-    srpo = [sys.executable, "-m", "srpo_cli.app"]
+    python = Path(sys.executable)
+    if any(_needs_demo_plugin(c) for _, c in commands):  # as docs/algorithms.md says: the plugin installed
+        from tests._plugin_venv import plugin_venv
+
+        python = plugin_venv(tmp_path / "plugin")
     for where, command in commands:
         args = shlex.split(command)[2:]
+        srpo = [str(python if _needs_demo_plugin(command) else sys.executable), "-m", "srpo_cli.app"]
         done = subprocess.run([*srpo, "train", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
         assert done.returncode == 0, f"{where}: {done.stderr[-2000:]}"
         out = args[args.index("--out") + 1] if "--out" in args else "runs/train"

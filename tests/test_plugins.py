@@ -5,7 +5,6 @@ decides with them without an edit to srpo (tests/fixtures/srpo-demo-plugin, inst
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,24 +16,16 @@ from srpo_cli.app import main
 from srpo_common import plugins
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "tests" / "fixtures" / "srpo-demo-plugin"
+FIXTURE = ROOT / "tests" / "fixtures" / "srpo-demo-plugin"  # (tests/_plugin_venv.py installs it)
 MODEL = ROOT / "agents" / "checkpoints" / "mini-columns-sft"
 
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
-    """A venv over this environment (srpo and its dependencies from the system site-packages) with the
-    demo plugin installed the way a user installs a package: its entry point is the only link."""
-    base = tmp_path_factory.mktemp("plugin-venv")
-    where, source = base / "venv", base / "src"
-    shutil.copytree(FIXTURE, source)  # a build writes build/ and *.egg-info beside the sources: not in the repo
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(where)], check=True)
-    python = where / "bin" / "python"
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(source)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return python
+    """The demo plugin installed into a venv (tests/_plugin_venv.py)."""
+    from tests._plugin_venv import plugin_venv
+
+    return plugin_venv(tmp_path_factory.mktemp("plugin-venv"))
 
 
 def _srpo(python: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
