@@ -307,9 +307,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if code == 130:  # KeyboardInterrupt, turned into Exit(130) by typer: say where the run can go on
         _close_progress_bars()
         print(interrupted_line(), file=sys.stderr)
-    # commands return None: an int here is the code of a typer.Exit they raised (0: success)
-    if isinstance(code, int) and not isinstance(code, bool) and code:
-        raise SystemExit(code)
+    # commands return None: an int here is the code of a typer.Exit they raised (0: success); like click's
+    # standalone mode, main() always ends with SystemExit, so a caller sees the status either way
+    raise SystemExit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
 
 def _take_imports(args: list[str]) -> tuple[list[str], list[str]]:
