@@ -3,9 +3,9 @@
 The trainer never branches on the algorithm's name: it reads the :class:`Algorithm` registered
 under ``TrainConfig.algo`` and calls the estimator from :data:`learners.advantages.ADV_ESTIMATORS`
 and the loss from :data:`learners.losses.POLICY_LOSSES` named there. ``defaults`` fill the
-:class:`~learners.trainer.TrainConfig` fields the user left unset (``None``), e.g. Dr.GRPO's
+:class:`~learners.config.TrainConfig` fields the user left unset (``None``), e.g. Dr.GRPO's
 aggregation and advantage scale, GSPO's clip range (``clip_eps`` / ``clip_eps_high``; a user's
-``clip_eps`` replaces both, see :meth:`~learners.trainer.TrainConfig.clip_range`). An algorithm with ``critic=True`` gets a centralised value critic
+``clip_eps`` replaces both, see :meth:`~learners.config.TrainConfig.clip_range`). An algorithm with ``critic=True`` gets a centralised value critic
 (its estimator receives the critic's per-event values).
 
 Adding an algorithm = registering its estimator and/or loss and one :func:`register_algorithm`

@@ -1,6 +1,6 @@
 """``srpo train``: rollout -> update iterations with any registered algorithm.
 
-The options are generated from :class:`learners.trainer.TrainConfig` (CleanRL style: the config
+The options are generated from :class:`learners.config.TrainConfig` (CleanRL style: the config
 dataclass *is* the command line; each field's docstring is its ``--help`` text), so a new config
 field is a new option with no edit here. ``--algo`` accepts every name in
 :data:`learners.algorithms.ALGORITHMS`, including ones registered by user code before the command

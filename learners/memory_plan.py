@@ -221,7 +221,7 @@ class PlanOptions:
     def from_train_config(
         cls, cfg: Any, roles: int, gpus: int = 1, critic: bool = False, response_share: float | None = None
     ) -> PlanOptions:
-        """From a :class:`learners.trainer.TrainConfig`; a micro-batch without a token budget is the
+        """From a :class:`learners.config.TrainConfig`; a micro-batch without a token budget is the
         whole minibatch, estimated as ``rows_per_batch`` rows of 512 prompt tokens plus
         ``max_new_tokens``; ``response_share`` None: ``max_new_tokens / (PROMPT_TOKENS + max_new_tokens)``
         (1024 new tokens: 0.84)."""
