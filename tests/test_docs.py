@@ -215,3 +215,22 @@ def test_docs_pages_named_in_the_code_exist() -> None:
     assert named, "no module names a docs page"
     missing = {page: files for page, files in named.items() if not (ROOT / page).is_file()}
     assert not missing, f"docs pages named in the code that do not exist: {missing}"
+
+
+def test_the_main_job_page_leads_with_the_readmes_numbers() -> None:
+    """docs/results/main-job.md opens with one current summary, and it is the README's: the same table of
+    before/after/gain rows and the same wall time and memory (the history stays below it)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "results" / "main-job.md").read_text(encoding="utf-8")
+    first = page.split("\n## ")[1]
+    assert first.startswith("Summary\n"), "the page's first section is not its summary"
+
+    def rows(text: str) -> list[str]:
+        start = text.index("| suite (held-out) | algorithm |")
+        block = text[start:].split("\n\n")[0]  # the table: up to the first blank line
+        return block.splitlines()
+
+    assert rows(first) == rows(readme)
+    cost = re.search(r"\*\*(\d+) s\*\* wall, largest process ([\d.]+) GB RSS, ([\d.]+) GB PSS", readme)
+    assert cost is not None
+    assert f"**{cost[1]} s** wall, largest\nprocess {cost[2]} GB RSS, {cost[3]} GB PSS" in first
