@@ -116,9 +116,18 @@ class Trainer:
         cfg: TrainConfig,
         log: Callable[[str], None] | None = print,
         start_from: str | os.PathLike[str] | None = None,
+        *,
+        env: Callable[[], Any] | None = None,
+        eval_env: Callable[[], Any] | None = None,
     ) -> None:
         """Build the run of ``cfg``; ``start_from``: a run or checkpoint directory whose checkpoint this
-        trainer continues (:meth:`resume_from`), else iteration 0 (see also :meth:`continue_from`)."""
+        trainer continues (:meth:`resume_from`), else iteration 0 (see also :meth:`continue_from`).
+
+        ``env`` / ``eval_env``: zero-argument factories of the training and held-out envs (each an
+        ``srpo_envs.base.EventParallelEnv``; the held-out one defaults to ``env``), used instead of
+        ``srpo_envs.make(cfg.env_id, **cfg.env_kwargs)`` (and its ``eval_env_kwargs``): an env of your own,
+        built your way, without registering it. ``cfg.env_id`` then only names the run's env. Ray rollout
+        workers receive the factories pickled (cloudpickle), so they must not hold open resources."""
         import srpo_envs
 
         self.cfg = cfg
@@ -139,11 +148,14 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
 
-        def train_env() -> Any:
+        def registered_train_env() -> Any:
             return srpo_envs.make(cfg.env_id, **cfg.env_kwargs)
 
-        def eval_env() -> Any:
+        def registered_eval_env() -> Any:
             return srpo_envs.make(cfg.env_id, **{**cfg.env_kwargs, **cfg.eval_env_kwargs})
+
+        train_env = env or registered_train_env
+        eval_env = eval_env or env or registered_eval_env
 
         probe = train_env()
         self.roles = sorted({probe.role_of(a) for a in probe.possible_agents})

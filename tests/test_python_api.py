@@ -58,3 +58,33 @@ def test_the_config_reference_page_is_the_class() -> None:
 
     page = (ROOT / "docs" / "config-reference.md").read_text(encoding="utf-8")
     assert page == reference_page(), "regenerate: python -m learners.config > docs/config-reference.md"
+
+
+def test_a_trainer_takes_env_factories_instead_of_a_registered_id(tmp_path: Path) -> None:
+    """``Trainer(cfg, env=..., eval_env=...)``: the rollouts and the held-out evaluation come from the
+    factories passed in (an env built the user's way), not from ``srpo_envs.make(cfg.env_id)``."""
+    import srpo_envs
+    from learners import TrainConfig, Trainer
+
+    built: list[str] = []
+
+    def columns(split: str):
+        def make():
+            built.append(split)
+            return srpo_envs.make("ProcArith-v0", workflow="routed", dataset="procedural-columns", split=split)
+
+        return make
+
+    cfg = TrainConfig(
+        model=str(ROOT / "agents" / "checkpoints" / "mini-columns-sft"), out_dir=str(tmp_path / "run"),
+        iterations=1, tasks_per_iter=2, group_size=2, max_new_tokens=8, eval_problems=2, save_every=0,
+    )  # fmt: skip
+    trainer = Trainer(cfg, log=None, env=columns("train"), eval_env=columns("test"))
+    batch = trainer.rollout()
+    assert batch.rows
+    # the default env (ProcArith-v0, proposers-aggregator) has no route events: these came from the factory
+    assert {r.event_type for r in batch.rows} >= {"route", "propose", "aggregate"}  # the routed workflow
+    trainer.update(batch)
+    assert trainer.iteration == 1
+    trainer.evaluate(n=2, k=1)
+    assert "train" in built and "test" in built
