@@ -28,6 +28,7 @@ this, so they compare numbers with numbers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import types
@@ -135,12 +136,9 @@ def conform(name: str, tp: Any, value: Any, allow_inf: bool = False) -> Any:
                 raise FieldTypeError(f"{name}: keys must be strings, got {quote(key)}")
         return dict(value)
     if origin in (typing.Union, types.UnionType):  # X | Y: the first that takes it
-        errors = []
         for option in typing.get_args(base):
-            try:
+            with contextlib.suppress(FieldTypeError):
                 return conform(name, option, value, allow_inf)
-            except FieldTypeError as exc:
-                errors.append(exc)
         raise bad(" or ".join(_type_name(o) for o in typing.get_args(base)))
     return value  # a type this checker has no rule for: the config's own validation owns it
 

@@ -35,7 +35,7 @@ from types import ModuleType
 #: The entry-point group srpo loads at start.
 GROUP = "srpo.plugins"
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a plugin module may itself import plugins
 
 
 class PluginError(ValueError):
