@@ -21,7 +21,9 @@ from benchmarks.suites import (
     QUICK_SEARCH_MAX_SEARCHERS,
     QUICK_SEARCH_MEMBER_COST,
     ROUTED_MEMBER_COST,
+    SUITES,
 )
+from learners.algorithms import ALGORITHMS as REGISTERED_ALGORITHMS
 from learners.profiles import TINY
 from srpo_common import plugins
 
@@ -141,8 +143,6 @@ def register_training_env(suite: str, env: TrainingEnv) -> TrainingEnv:
     """Make ``suite`` (a registered :class:`benchmarks.suites.Suite`) trainable by ``srpo bench compare |
     ablation | power``: where its RL runs train and the warm start they begin from (a plugin's door; a taken
     name is refused)."""
-    from benchmarks.suites import SUITES
-
     if suite in TRAINING_ENVS:
         raise ValueError(f"suite {suite!r} already has a training env")
     if suite not in SUITES:
@@ -238,9 +238,7 @@ def algorithm_variants(names: list[str]) -> dict[str, dict[str, Any]]:
     """``--algos`` names -> their ``TrainConfig`` overrides: the shipped baselines, and any algorithm
     registered since (a plugin's: ``learners.algorithms.register_algorithm``); an unknown name raises
     ``ValueError`` listing the known ones."""
-    from learners.algorithms import ALGORITHMS as REGISTERED
-
-    known = {**BASELINES, **{n: {"algo": n} for n in REGISTERED if n not in BASELINES}}
+    known = {**BASELINES, **{n: {"algo": n} for n in REGISTERED_ALGORITHMS if n not in BASELINES}}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown algorithms {unknown}; choose from {sorted(known)}")

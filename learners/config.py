@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import typing
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -50,6 +51,7 @@ from learners.scale import BACKENDS, TIS_MODES
 from learners.staleness import STALENESS_CORRECTIONS
 from learners.tracking import parse_loggers
 from srpo_common import plugins
+from srpo_common.cli import field_docs
 from srpo_common.config_file import ConfigFileError, Layout, shipped_experiment
 from srpo_common.fieldcheck import check_fields
 
@@ -595,7 +597,9 @@ class TrainConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "openai":
-            from learners.served import SHARED_REFUSAL
+            from learners.served import (
+                SHARED_REFUSAL,  # its module loads the OpenAI client: backend=openai only
+            )
 
             if not self.base_url:
                 raise ValueError("backend=openai needs base_url (the vLLM server's API root, .../v1)")
@@ -764,10 +768,6 @@ def reference_page() -> str:
     """The markdown of docs/config-reference.md: every ``TrainConfig`` field by section (name, type, default
     and its docstring, the ``--help`` text), generated from the class (``python -m learners.config``
     rewrites the page; ``tests/test_python_api.py`` fails when the two disagree)."""
-    import typing
-
-    from srpo_common.cli import field_docs
-
     docs = field_docs(TrainConfig)
     hints = typing.get_type_hints(TrainConfig)
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}

@@ -56,7 +56,6 @@ import dataclasses
 import functools
 import inspect
 import textwrap
-import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -65,6 +64,7 @@ from typing import Any, Literal, TypeVar
 import typer
 
 from srpo_common.config_file import ConfigFileError, Layout
+from srpo_common.fieldcheck import strip_optional
 from srpo_common.kv import parse_kv
 
 T = TypeVar("T")
@@ -131,15 +131,6 @@ def _code_part(line: str) -> str:
     return line
 
 
-def _strip_optional(tp: Any) -> tuple[Any, bool]:
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1:
-            return rest[0], True
-    return tp, False
-
-
 def _field_default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -153,7 +144,7 @@ class _Converter:
 
     def __init__(self, name: str, tp: Any, default: Any, option: str) -> None:
         self.name, self.option = name, option
-        base, optional = _strip_optional(tp)
+        base, optional = strip_optional(tp)
         origin = typing.get_origin(base)
         self.kind = "scalar"
         self.suffix = ""

@@ -33,7 +33,6 @@ import dataclasses
 import difflib
 import re
 import tomllib
-import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 import tomli_w
 
 from srpo_common import plugins
-from srpo_common.fieldcheck import quote
+from srpo_common.fieldcheck import quote, strip_optional
 from srpo_common.io import atomic_write_text
 
 #: The largest experiment file read (the shipped ones are < 2 KB): a bigger one is a mistake or hostile.
@@ -260,7 +259,7 @@ class Layout:
         hints = typing.get_type_hints(self.cls)
         out = dict(flat)
         for name, value in flat.items():
-            base = _strip_none(hints.get(name))
+            base = strip_optional(hints.get(name))[0]
             if base is float and isinstance(value, int) and not isinstance(value, bool):
                 out[name] = float(value)
             elif typing.get_origin(base) is tuple and isinstance(value, list):
@@ -274,14 +273,6 @@ _ARRAY = re.compile(r"= \[\n((?:    [^\n\[\]{}]*,\n)*)\]")
 def _inline_arrays(text: str) -> str:
     """tomli-w writes one array item per line; arrays of scalars read better on one line (same TOML)."""
     return _ARRAY.sub(lambda m: "= [" + ", ".join(x.strip().rstrip(",") for x in m.group(1).splitlines()) + "]", text)
-
-
-def _strip_none(tp: Any) -> Any:
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return rest[0] if len(rest) == 1 else tp
-    return tp
 
 
 def parse_value(raw: str) -> Any:

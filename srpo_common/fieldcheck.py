@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -66,7 +67,9 @@ def _describe(value: Any) -> str:
     )
 
 
-def _strip_optional(tp: Any) -> tuple[Any, bool]:
+def strip_optional(tp: Any) -> tuple[Any, bool]:
+    """``X | None`` -> ``(X, True)`` (``X | Y | None`` -> ``(X | Y, True)``); any other type -> ``(tp, False)``.
+    The one reading of an optional annotation for the CLI generator, the experiment files and this module."""
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
         rest = [a for a in args if a is not type(None)]
@@ -76,7 +79,7 @@ def _strip_optional(tp: Any) -> tuple[Any, bool]:
 
 def conform(name: str, tp: Any, value: Any, allow_inf: bool = False) -> Any:
     """``value`` as field ``name`` of type ``tp`` holds it; :class:`FieldTypeError` when it cannot."""
-    base, optional = _strip_optional(tp)
+    base, optional = strip_optional(tp)
     if value is None:
         if optional or tp is Any:
             return None
@@ -149,7 +152,7 @@ def _item_type(tp: Any) -> Any:
 
 
 def _type_name(tp: Any) -> str:
-    base, optional = _strip_optional(tp)
+    base, optional = strip_optional(tp)
     origin = typing.get_origin(base)
     if origin is Literal:
         text = "one of " + ", ".join(map(str, typing.get_args(base)))
@@ -164,13 +167,19 @@ def _type_name(tp: Any) -> str:
     return text + (" (or nothing)" if optional else "")
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A class's resolved annotations, once per class (a config is validated at every construction)."""
+    return typing.get_type_hints(cls)
+
+
 def check_fields(obj: Any, allow_inf: Iterable[str] = (), names: Mapping[str, str] | None = None) -> None:
     """Conform every field of dataclass instance ``obj`` in place (see the module docstring).
 
     ``allow_inf``: float fields where ``inf`` is meaningful. ``names``: field -> the name to say in an
     error (e.g. ``run.iterations``, the key a user writes); default the field name.
     """
-    hints = typing.get_type_hints(type(obj))
+    hints = _type_hints(type(obj))
     inf_ok = set(allow_inf)
     names = names or {}
     for f in dataclasses.fields(obj):
@@ -183,4 +192,4 @@ def check_fields(obj: Any, allow_inf: Iterable[str] = (), names: Mapping[str, st
                 setattr(obj, f.name, out)
 
 
-__all__ = ["MAX_STR", "QUOTE_LIMIT", "FieldTypeError", "check_fields", "conform", "quote"]
+__all__ = ["MAX_STR", "QUOTE_LIMIT", "FieldTypeError", "check_fields", "conform", "quote", "strip_optional"]

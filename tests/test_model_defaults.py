@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from learners import trainer as trainer_mod
 from learners.profiles import TINY, model_class, settings_for
 from learners.trainer import run_summary
 from srpo_cli.app import main
+from tests._plugin_venv import plugin_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "agents" / "checkpoints" / "mini-columns-sft"
@@ -71,8 +73,6 @@ def test_a_run_that_made_its_model_worse_says_so() -> None:
 def test_the_last_line_and_summary_of_a_worse_run(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from learners import trainer as trainer_mod
-
     scores = iter([0.5, 0.25])
     monkeypatch.setattr(trainer_mod.Trainer, "evaluate", lambda self, *a, **k: next(scores))
     run = tmp_path / "run"
@@ -116,8 +116,6 @@ def test_every_docs_train_command_on_a_shipped_model_ends_at_or_above_its_start(
     env = {k: v for k, v in os.environ.items() if k != "SRPO_MODEL_DEFAULTS"}
     python = Path(sys.executable)
     if any(_needs_demo_plugin(c) for _, c in commands):  # as docs/algorithms.md says: the plugin installed
-        from tests._plugin_venv import plugin_venv
-
         python = plugin_venv(tmp_path / "plugin")
     for where, command in commands:
         args = shlex.split(command)[2:]

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
 import srpo_envs  # noqa: E402
-from srpo_envs.env_server import create_app, jsonable, serve_in_thread  # noqa: E402
+from srpo_envs.env_server import WS_MAX_MESSAGE_CHARS, create_app, jsonable, serve_in_thread  # noqa: E402
 from srpo_envs.remote import RemoteEnv  # noqa: E402
 
 SERVED = ["MathVerify-v0", "MathVerify-Routed-v0", "MathVerify-SolverVerifier-v0"]
@@ -207,8 +207,6 @@ def test_ws_answers_every_bad_frame_without_a_traceback(caplog: pytest.LogCaptur
     """A binary frame closes with 1003, an oversized one with 1009; deep JSON and a 5000-digit integer get
     an error frame and the socket stays usable; none of them logs a traceback."""
     from starlette.websockets import WebSocketDisconnect
-
-    from srpo_envs.env_server import WS_MAX_MESSAGE_CHARS
 
     client = TestClient(create_app(env_ids=["MathVerify-v0"]))
     caplog.set_level("DEBUG")

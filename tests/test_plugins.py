@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from learners.algorithms import ALGORITHMS
+from learners.config import dumps_train_config, read_train_config
 from srpo_cli.app import main
 from srpo_common import plugins
+from tests._plugin_venv import plugin_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "srpo-demo-plugin"  # (tests/_plugin_venv.py installs it)
@@ -23,8 +26,6 @@ MODEL = ROOT / "agents" / "checkpoints" / "mini-columns-sft"
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     """The demo plugin installed into a venv (tests/_plugin_venv.py)."""
-    from tests._plugin_venv import plugin_venv
-
     return plugin_venv(tmp_path_factory.mktemp("plugin-venv"))
 
 
@@ -97,8 +98,6 @@ def test_a_broken_plugin_is_one_line_naming_it(modules, capsys: pytest.CaptureFi
 
 
 def test_a_plugin_may_not_replace_a_built_in(modules, capsys: pytest.CaptureFixture[str]) -> None:
-    from learners.algorithms import ALGORITHMS
-
     srpo = ALGORITHMS["srpo"]
     modules(
         "srpo_test_clash_plugin",
@@ -115,8 +114,6 @@ def test_a_plugin_may_not_replace_a_built_in(modules, capsys: pytest.CaptureFixt
 def test_an_experiment_file_imports_its_plugins_and_a_run_saves_them(
     modules, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from learners.algorithms import ALGORITHMS
-
     name = modules(
         "srpo_test_file_plugin",
         """
@@ -127,8 +124,6 @@ def test_an_experiment_file_imports_its_plugins_and_a_run_saves_them(
     exp = tmp_path / "exp.toml"
     exp.write_text(f'imports = ["{name}"]\n\n[run]\nalgo = "file-plugin-rloo"\nmodel = "m"\n')
     try:
-        from learners.config import dumps_train_config, read_train_config
-
         cfg = read_train_config(exp)
         assert cfg.algo == "file-plugin-rloo"
         text = dumps_train_config(cfg)

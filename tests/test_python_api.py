@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+import srpo_envs
+from learners import TrainConfig, Trainer
+from learners.config import reference_page
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "train_from_python.py"
 
@@ -54,8 +58,6 @@ def test_the_train_from_python_script_trains_the_shipped_model(tmp_path: Path) -
 def test_the_config_reference_page_is_the_class() -> None:
     """docs/config-reference.md is generated from TrainConfig (`python -m learners.config`): a field added,
     removed or re-documented without regenerating the page fails here."""
-    from learners.config import reference_page
-
     page = (ROOT / "docs" / "config-reference.md").read_text(encoding="utf-8")
     assert page == reference_page(), "regenerate: python -m learners.config > docs/config-reference.md"
 
@@ -63,9 +65,6 @@ def test_the_config_reference_page_is_the_class() -> None:
 def test_a_trainer_takes_env_factories_instead_of_a_registered_id(tmp_path: Path) -> None:
     """``Trainer(cfg, env=..., eval_env=...)``: the rollouts and the held-out evaluation come from the
     factories passed in (an env built the user's way), not from ``srpo_envs.make(cfg.env_id)``."""
-    import srpo_envs
-    from learners import TrainConfig, Trainer
-
     built: list[str] = []
 
     def columns(split: str):

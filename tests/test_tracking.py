@@ -22,6 +22,7 @@ import pytest
 
 from learners.tracking import (
     TRACKERS,
+    TrackerError,
     flatten_config,
     mlflow_key,
     open_trackers,
@@ -372,8 +373,6 @@ def test_a_fresh_start_forgets_the_trackers_run_ids(tmp_path: Path) -> None:
 def test_broken_tracker_state_is_one_line_naming_the_tracker(tmp_path, monkeypatch) -> None:
     """A directory or junk file where MLflow's store goes, W&B online without a key: a TrackerError naming
     the tracker and the fix, before any backend starts (no retries, nothing written outside OUT)."""
-    from learners.tracking import TrackerError, open_trackers
-
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     run = tmp_path / "run"
     (run / "mlflow.db").mkdir(parents=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 
 def main() -> None:
+    # imported here, not at the top: `--help` answers without loading torch and the trainer
     from benchmarks import presets
     from learners.guard import GUARD_METRICS
     from learners.profiles import settings_for
