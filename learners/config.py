@@ -25,7 +25,8 @@ sections are therefore *views* over the flat schema, plus the layout experiment 
 This module imports nothing from :mod:`learners.trainer` (the trainer imports it: an import-linter
 contract keeps the order); the layout is built on first use. Validation runs in ``TrainConfig``'s
 ``__post_init__``: every value against its declared type first (:mod:`srpo_common.fieldcheck`), then
-ranges, the env and its kwargs, and the rules between fields.
+then each section's own checks (:meth:`TrainConfig.validate_sections`: ranges, names looked up in
+their registries, the env and its kwargs, and each rule between fields beside the field it constrains).
 """
 
 from __future__ import annotations
@@ -572,28 +573,139 @@ class TrainConfig:
         # every value has its field's type first (srpo_common.fieldcheck): the checks below compare numbers
         check_fields(self, allow_inf=INF_OK_FIELDS, names=dotted_names())
         self.logger = parse_loggers(self.logger)  # checked by name
-        self._check_ranges()
+        self.validate_sections()
+
+    def validate_sections(self) -> None:
+        """Each section's values checked by its own ``_check_<section>`` method, in
+        :data:`TRAIN_SECTIONS` order (a rule between fields lives with the field it constrains). The first
+        failure is a ``ValueError`` (of its own class, e.g. ``EnvKwargsError``) whose message starts with
+        the section, ``[update] clip_eps must be >= 0 ...``: where to look in an experiment file."""
+        for name in TRAIN_SECTIONS:
+            try:
+                getattr(self, f"_check_{name}")()
+            except ValueError as exc:
+                if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(f"[{name}] "):
+                    exc.args = (f"[{name}] {exc.args[0]}", *exc.args[1:])
+                raise
+
+    def _check_run(self) -> None:
+        """The algorithm and the env by name (their registries), the env's kwargs, sizes and seed."""
+        get_algorithm(self.algo)  # unknown: raises with the known names
         self._check_env()
-        spec = get_algorithm(self.algo)  # unknown: raises with the known names
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        for name in ("seed", "save_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.seed >= 2**32:
+            raise ValueError(f"seed must be < 2**32, got {self.seed}")
+
+    def _check_policy(self) -> None:
+        """How the policies are held: sharing, LoRA rank, dtype, device."""
+        if self.sharing not in SHARING:
+            raise ValueError(f"sharing must be one of {SHARING}, got {self.sharing!r}")
+        if self.lora_rank < 1:
+            raise ValueError(f"lora_rank must be >= 1, got {self.lora_rank}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:<i>, got {self.device!r}")
+
+    def _check_rollout(self) -> None:
+        """What one iteration samples: sizes, the sampler, dynamic sampling, staleness."""
+        for name in ("tasks_per_iter", "group_size", "max_gen_batches", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.filter_signal not in FILTER_SIGNALS:
+            raise ValueError(f"filter_signal must be one of {FILTER_SIGNALS}, got {self.filter_signal!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_p < 1.0:
+            # The sampler records log p(token) under the full softmax, but a nucleus sample was drawn
+            # from the renormalised truncated distribution, so rho = pi / mu would be off by the
+            # nucleus mass on every token (and the trainer's pi is a full-softmax one too).
+            raise ValueError(
+                "top_p < 1 is not supported for training: the behaviour log-probs are full-softmax "
+                "log-probs, not those of the truncated nucleus the tokens were drawn from, so the "
+                "importance ratio would be wrong. Use top_p=1 (temperature still applies)."
+            )
+        n = self.max_staleness
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"max_staleness must be an integer >= 0, got {n!r}")
+        if n and self.backend == "vllm":
+            raise ValueError(
+                "max_staleness >= 1 generates beside the update, on other hardware than the learner's: the "
+                "in-process vLLM engine shares the learner's device (it sleeps while the learner updates); serve "
+                "the model (`vllm serve`, learners.served) and train with backend=openai, or use backend=hf (a "
+                "copy in this process, or Ray rollout workers)"
+            )
+
+    def _check_update(self) -> None:
+        """Batching, the optimizer, the estimator and loss by name, clipping, TIS and staleness correction."""
+        for name in ("epochs", "rows_per_batch", "forward_rows", "pack_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("minibatches_per_iter", "max_tokens_per_microbatch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or None), got {value}")
+        # lr 0: the weights stay put (the exactness tests' frozen updates)
+        for name in ("lr", "warmup", "weight_decay", "kl_coef", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        spec = get_algorithm(self.algo)
         get_adv_estimator(self.adv_estimator or spec.estimator)
         loss = get_policy_loss(self.policy_loss or spec.loss)
         if self.norm not in EVENT_NORMS:
             raise ValueError(f"norm must be one of {sorted(EVENT_NORMS)}, got {self.norm!r}")
-        if self.sharing not in SHARING:
-            raise ValueError(f"sharing must be one of {SHARING}, got {self.sharing!r}")
         agg = self.resolved("agg")
         if agg is not None and agg not in AGG_MODES:
             raise ValueError(f"agg must be one of {sorted(AGG_MODES)}, got {agg!r}")
         scale = self.resolved("adv_scale")
         if scale is not None and scale not in ADV_SCALES:
             raise ValueError(f"adv_scale must be one of {ADV_SCALES}, got {scale!r}")
-        if self.dp_engine not in DP_ENGINES:
-            raise ValueError(f"dp_engine must be one of {DP_ENGINES}, got {self.dp_engine!r}")
-        if self.dp_engine == "fsdp2" and self.sharing == "lora":
-            raise ValueError("dp_engine=fsdp2 does not shard LoRA adapters: use sharing=shared or per-role")
-        if self.dp_engine == "fsdp2" and self.prefix_tree:  # its packed forward calls the decoder and the
-            # head directly, past the root module's FSDP hooks that gather the embeddings and the head
-            raise ValueError("dp_engine=fsdp2 does not support prefix_tree: use one or the other")
+        if min(self.clip_range()[0], self.clip_range()[1] or 0.0) < 0:
+            raise ValueError(f"clip_eps and clip_eps_high must be >= 0, got {self.clip_range()}")
+        if self.tis not in TIS_MODES:
+            raise ValueError(f"tis must be one of {TIS_MODES}, got {self.tis!r}")
+        if self.tis_cap <= 0:
+            raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
+        tis_on = self.tis != "off" and not (self.tis == "auto" and self.backend == "hf")
+        if tis_on and not loss.token_weights:
+            # TIS weights reach the loss as per-token weights (each row its own); a loss that does not
+            # take them would silently train without the correction
+            raise ValueError(
+                f"tis={self.tis} needs a policy loss that takes per-token weights; {loss.name!r} does "
+                "not (register it with token_weights=True), use --tis off"
+            )
+        if self.staleness_correction not in STALENESS_CORRECTIONS:
+            raise ValueError(
+                f"staleness_correction must be one of {STALENESS_CORRECTIONS}, got {self.staleness_correction!r}"
+            )
+        if self.max_staleness and self.staleness_correction == "decoupled" and self.tis == "off":
+            raise ValueError(
+                "staleness_correction=decoupled weights stale rows by min(pi_prox / pi_behaviour, tis_cap) at the "
+                "--tis level; --tis off leaves no level: use --tis auto, or --staleness-correction none"
+            )
+
+    def _check_critic(self) -> None:
+        """A critic's learning rate, context and GAE coefficients."""
+        if self.critic_lr < 0:  # 0: the critic stays put
+            raise ValueError(f"critic_lr must be >= 0, got {self.critic_lr}")
+        if self.critic_max_tokens < 1:
+            raise ValueError(f"critic_max_tokens must be >= 1, got {self.critic_max_tokens}")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if not self.vf_clip > 0:
+            raise ValueError(f"vf_clip must be > 0, got {self.vf_clip}")
+
+    def _check_engine(self) -> None:
+        """The generation backend and what a served or vLLM engine needs."""
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "openai":
@@ -616,24 +728,18 @@ class TrainConfig:
             raise ValueError(
                 f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}"
             )
-        if self.tis not in TIS_MODES:
-            raise ValueError(f"tis must be one of {TIS_MODES}, got {self.tis!r}")
-        tis_on = self.tis != "off" and not (self.tis == "auto" and self.backend == "hf")
-        if tis_on and not loss.token_weights:
-            # TIS weights reach the loss as per-token weights (each row its own); a loss that does not
-            # take them would silently train without the correction
-            raise ValueError(
-                f"tis={self.tis} needs a policy loss that takes per-token weights; {loss.name!r} does "
-                "not (register it with token_weights=True), use --tis off"
-            )
-        if min(self.clip_range()[0], self.clip_range()[1] or 0.0) < 0:
-            raise ValueError(f"clip_eps and clip_eps_high must be >= 0, got {self.clip_range()}")
-        if self.max_nonfinite_steps < 1:
-            raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
-        guard.validate(self)
-        if self.tis_cap <= 0 or self.rollout_workers < 0:
-            raise ValueError("tis_cap must be > 0 and rollout_workers >= 0")
-        self._check_staleness()
+
+    def _check_scale(self) -> None:
+        """Ray workers, the data-parallel engine and the timeouts between them."""
+        if self.rollout_workers < 0:
+            raise ValueError(f"rollout_workers must be >= 0, got {self.rollout_workers}")
+        if self.dp_engine not in DP_ENGINES:
+            raise ValueError(f"dp_engine must be one of {DP_ENGINES}, got {self.dp_engine!r}")
+        if self.dp_engine == "fsdp2" and self.sharing == "lora":
+            raise ValueError("dp_engine=fsdp2 does not shard LoRA adapters: use sharing=shared or per-role")
+        if self.dp_engine == "fsdp2" and self.prefix_tree:  # its packed forward calls the decoder and the
+            # head directly, past the root module's FSDP hooks that gather the embeddings and the head
+            raise ValueError("dp_engine=fsdp2 does not support prefix_tree: use one or the other")
         if not (self.dist_timeout > 0 and self.rollout_timeout > 0):
             raise ValueError(
                 f"dist_timeout and rollout_timeout must be > 0 seconds, got {self.dist_timeout}, {self.rollout_timeout}"
@@ -647,53 +753,20 @@ class TrainConfig:
                 "rank 0 waits for a hung worker, restarts it and collects its share again (e.g. --dist-timeout "
                 f"{2 * self.rollout_timeout:g})"
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.filter_signal not in FILTER_SIGNALS:
-            raise ValueError(f"filter_signal must be one of {FILTER_SIGNALS}, got {self.filter_signal!r}")
-        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:<i>, got {self.device!r}")
-        sizes = (self.iterations, self.tasks_per_iter, self.group_size, self.epochs, self.rows_per_batch)
-        if min(*sizes, self.forward_rows, self.pack_len, self.max_gen_batches) < 1:
-            raise ValueError(
-                "iterations, tasks_per_iter, group_size, epochs, rows_per_batch, forward_rows, pack_len and "
-                "max_gen_batches must be >= 1"
-            )
-        for name in ("minibatches_per_iter", "max_tokens_per_microbatch"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 (or None), got {value}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_p < 1.0:
-            # The sampler records log p(token) under the full softmax, but a nucleus sample was drawn
-            # from the renormalised truncated distribution, so rho = pi / mu would be off by the
-            # nucleus mass on every token (and the trainer's pi is a full-softmax one too).
-            raise ValueError(
-                "top_p < 1 is not supported for training: the behaviour log-probs are full-softmax "
-                "log-probs, not those of the truncated nucleus the tokens were drawn from, so the "
-                "importance ratio would be wrong. Use top_p=1 (temperature still applies)."
-            )
 
-    def _check_ranges(self) -> None:
-        """Numbers that mean something only within a range (the type is already checked)."""
-        positive = ("temperature", "max_grad_norm", "vf_clip")
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        at_least = {
-            "lr": 0, "critic_lr": 0,  # 0: the weights stay put (the exactness tests' frozen updates)
-            "warmup": 0, "weight_decay": 0, "kl_coef": 0, "entropy_coef": 0, "eval_every": 0, "save_every": 0,
-            "seed": 0, "lora_rank": 1, "max_new_tokens": 1, "critic_max_tokens": 1, "eval_problems": 1, "eval_k": 1,
-        }  # fmt: skip
-        for name, low in at_least.items():
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
-        for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.seed >= 2**32:
-            raise ValueError(f"seed must be < 2**32, got {self.seed}")
+    def _check_eval(self) -> None:
+        """Held-out evaluation: how often and how much (its env kwargs are checked with the run's env)."""
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
+        for name in ("eval_problems", "eval_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def _check_guard(self) -> None:
+        """The divergence guard's thresholds and the non-finite step limit."""
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
+        guard.validate(self)
 
     def _check_env(self) -> None:
         """A registered env id whose constructor takes every key of env_kwargs and eval_env_kwargs."""
@@ -704,28 +777,6 @@ class TrainConfig:
                 f"unknown env id {self.env_id!r}; registered ids: {', '.join(sorted(srpo_envs.registry))}"
             ) from None
         spec.check_kwargs({**self.env_kwargs, **self.eval_env_kwargs})
-
-    def _check_staleness(self) -> None:
-        """``max_staleness`` / ``staleness_correction``: what the asynchronous loop supports."""
-        n = self.max_staleness
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"max_staleness must be an integer >= 0, got {n!r}")
-        if self.staleness_correction not in STALENESS_CORRECTIONS:
-            raise ValueError(
-                f"staleness_correction must be one of {STALENESS_CORRECTIONS}, got {self.staleness_correction!r}"
-            )
-        if n and self.backend == "vllm":
-            raise ValueError(
-                "max_staleness >= 1 generates beside the update, on other hardware than the learner's: the "
-                "in-process vLLM engine shares the learner's device (it sleeps while the learner updates); serve "
-                "the model (`vllm serve`, learners.served) and train with backend=openai, or use backend=hf (a "
-                "copy in this process, or Ray rollout workers)"
-            )
-        if n and self.staleness_correction == "decoupled" and self.tis == "off":
-            raise ValueError(
-                "staleness_correction=decoupled weights stale rows by min(pi_prox / pi_behaviour, tis_cap) at the "
-                "--tis level; --tis off leaves no level: use --tis auto, or --staleness-correction none"
-            )
 
     def resolved(self, name: str) -> Any:
         """``getattr(self, name)``, or the algorithm's default when the field is None."""

@@ -79,6 +79,20 @@ from srpo_common.interrupt import set_resume_point
 from srpo_common.io import atomic_write_json
 
 
+def with_reward(
+    factory: Callable[[], Any], reward: Callable[[dict[str, Any], Any], float]
+) -> Callable[[], Any]:
+    """The env factory ``factory`` whose envs score episodes with ``reward`` (``reward_fn`` of the
+    unwrapped env; a wrapper's own attributes are left alone)."""
+
+    def make() -> Any:
+        built = factory()
+        built.unwrapped.reward_fn = reward
+        return built
+
+    return make
+
+
 def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     """What a finished run did to held-out accuracy: first and last evaluation, and a verdict (``better``,
     ``same``, ``worse``, or ``unevaluated`` without two evaluations), written to ``OUT/summary.json`` and
@@ -119,6 +133,8 @@ class Trainer:
         *,
         env: Callable[[], Any] | None = None,
         eval_env: Callable[[], Any] | None = None,
+        policies: HFPolicy | PolicyMap | None = None,
+        reward: Callable[[dict[str, Any], Any], float] | None = None,
     ) -> None:
         """Build the run of ``cfg``; ``start_from``: a run or checkpoint directory whose checkpoint this
         trainer continues (:meth:`resume_from`), else iteration 0 (see also :meth:`continue_from`).
@@ -127,7 +143,16 @@ class Trainer:
         ``srpo_envs.base.EventParallelEnv``; the held-out one defaults to ``env``), used instead of
         ``srpo_envs.make(cfg.env_id, **cfg.env_kwargs)`` (and its ``eval_env_kwargs``): an env of your own,
         built your way, without registering it. ``cfg.env_id`` then only names the run's env. Ray rollout
-        workers receive the factories pickled (cloudpickle), so they must not hold open resources."""
+        workers receive the factories pickled (cloudpickle), so they must not hold open resources.
+
+        ``policies``: the models to train, built your way: one :class:`agents.hf.HFPolicy` (shared by every
+        role) or a :class:`agents.policy.PolicyMap` of them (a policy per role, or LoRA views of one base),
+        trained in place instead of loading ``cfg.model`` (which, when set, still names the weights that
+        copies of the policy are built from: Ray workers, the asynchronous generator, a critic).
+
+        ``reward``: ``reward(outcome, env) -> float``, the team reward of each training episode instead
+        of the env's own (:attr:`srpo_envs.base.EventParallelEnv.reward_fn`); evaluation still counts the
+        env's ``correct``."""
         import srpo_envs
 
         self.cfg = cfg
@@ -156,12 +181,14 @@ class Trainer:
 
         train_env = env or registered_train_env
         eval_env = eval_env or env or registered_eval_env
+        if reward is not None:
+            train_env = with_reward(train_env, reward)
 
         probe = train_env()
         self.roles = sorted({probe.role_of(a) for a in probe.possible_agents})
         self.n_train_tasks = len(probe.unwrapped.tasks)
         self.n_eval_tasks = len(eval_env().unwrapped.tasks)
-        self.policies = self._build_policies()
+        self.policies = self._build_policies() if policies is None else self._given_policies(policies)
         sampling = SamplingParams(
             temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens
         )
@@ -274,6 +301,38 @@ class Trainer:
                 enable_gradient_checkpointing(policies.policies[0].model)
         for pol in policies.policies:  # rollouts in the training dtype (bf16 autocast on a GPU)
             pol.autocast_dtype = generation_autocast(cfg.dtype, self.device)
+        return policies
+
+    def _given_policies(self, given: HFPolicy | PolicyMap) -> PolicyMap:
+        """``policies=`` of the constructor as a :class:`PolicyMap` over the env's roles: every role
+        covered and every policy trainable (an ``HFPolicy``), else a ``ValueError``/``TypeError`` that says
+        which; its model path (for copies) is ``cfg.model`` or the model's own ``name_or_path``."""
+        policies = given if isinstance(given, PolicyMap) else PolicyMap.shared(given, self.roles)
+        missing = [role for role in self.roles if role not in policies]
+        if missing:
+            raise ValueError(f"policies= has no policy for the env's roles {missing} (roles: {self.roles})")
+        for pol in policies.policies:
+            if not isinstance(pol, HFPolicy):
+                raise TypeError(
+                    f"policies= must hold HFPolicy objects (the trainer updates their weights), got "
+                    f"{type(pol).__name__}; a served or scripted policy can play (srpo demo) but not train"
+                )
+        cfg = self.cfg
+        name = cfg.model or getattr(policies.policies[0].model.config, "name_or_path", "")
+        self.model_path = str(resolve_model(name)) if name else ""
+        copies = {
+            "a critic (algo with a value model)": self.algorithm.critic,
+            "Ray rollout workers": cfg.rollout_workers > 0,
+            "the asynchronous generator (max_staleness >= 1)": cfg.max_staleness >= 1,
+            "a vLLM engine": cfg.backend == "vllm",
+            "dp_engine=fsdp2": cfg.dp_engine == "fsdp2",
+        }
+        needs = [what for what, on in copies.items() if on]
+        if needs and not self.model_path:
+            raise ValueError(
+                f"{needs[0]} is built from the model's weights on disk: with policies= whose model has no "
+                "name_or_path, set TrainConfig.model to a directory holding the same architecture"
+            )
         return policies
 
     def _memory_plan(self) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,12 @@ class EventParallelEnv(TextSpaces, ParallelEnv, ABC):
         "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
+    #: The team reward of your own: ``reward_fn(outcome, env) -> float`` is called once when an episode
+    #: ends, with the env's outcome facts (``correct``, ``answer``, ... and ``env_reward``, the env's own
+    #: team reward) and the env (``env.task``, ``env.events``); its value replaces the team reward
+    #: (format penalties still apply). ``None``: the env's own reward. ``Trainer(cfg, reward=...)`` sets it
+    #: on the training envs; the outcome's ``correct`` (what accuracy counts) stays the env's.
+    reward_fn: Callable[[dict[str, Any], Any], float] | None = None
 
     def __init__(
         self,
@@ -300,6 +307,9 @@ class EventParallelEnv(TextSpaces, ParallelEnv, ABC):
         rewards = {a: 0.0 for a in self.agents}
         if done:
             team, facts = self._outcome()
+            if self.reward_fn is not None:
+                facts = {**facts, "env_reward": team}
+                team = self._own_reward(facts)
             self._log.finalize([team - (self.format_penalty if not e.all_valid else 0.0) for e in self._log])
             for a in self.agents:
                 rewards[a] = team - (self.format_penalty if self._invalid_counts.get(a) else 0.0)
@@ -322,6 +332,18 @@ class EventParallelEnv(TextSpaces, ParallelEnv, ABC):
         if self.render_mode == "human":
             print(self._transcript[-1])
         return observations, rewards, terminations, truncations, infos
+
+    def _own_reward(self, facts: dict[str, Any]) -> float:
+        """:attr:`reward_fn`'s team reward for this episode: a finite number (a bool counts as 0/1), else
+        a ``ValueError`` that names the function (a NaN reward must not reach an advantage)."""
+        fn = self.reward_fn
+        value = fn(dict(facts), self)  # type: ignore[misc]
+        name = getattr(fn, "__qualname__", repr(fn))
+        if isinstance(value, bool):
+            return float(value)
+        if not isinstance(value, (int, float, np.integer, np.floating)) or not np.isfinite(value):
+            raise ValueError(f"reward_fn {name} returned {value!r}; it must return a finite number")
+        return float(value)
 
     def state(self) -> str:
         return self.state_text()

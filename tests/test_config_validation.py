@@ -174,3 +174,43 @@ def test_unknown_env_kwargs_name_the_accepted_ones() -> None:
         srpo_envs.make("MathVerify-v0", bogus=1)
     with pytest.raises(ValueError, match="unknown env id 'Nope-v0'"):
         TrainConfig(env_id="Nope-v0")
+
+
+#: one value each section refuses, and the field its message names
+_BAD_PER_SECTION = {
+    "run": ("iterations", 0),
+    "policy": ("lora_rank", 0),
+    "rollout": ("group_size", 0),
+    "update": ("weight_decay", -0.1),
+    "critic": ("gae_lambda", 1.5),
+    "engine": ("vllm_gpu_memory_utilization", 0.0),
+    "scale": ("rollout_workers", -1),
+    "eval": ("eval_problems", 0),
+    "guard": ("guard_eval_drop", 0.0),
+}
+
+
+def test_every_section_has_its_own_check() -> None:
+    assert set(_BAD_PER_SECTION) == set(train_config.TRAIN_SECTIONS)
+    for name in train_config.TRAIN_SECTIONS:
+        assert callable(getattr(TrainConfig, f"_check_{name}", None)), f"no _check_{name}"
+
+
+@pytest.mark.parametrize("section", list(_BAD_PER_SECTION))
+def test_a_bad_value_is_refused_by_its_sections_check_and_named_with_the_section(section: str) -> None:
+    """Validation runs section by section: the message starts with ``[section]`` and names the field, and
+    the check that raises is that section's (the other sections' checks pass on the same values)."""
+    name, value = _BAD_PER_SECTION[section]
+    assert name in train_config.TRAIN_SECTIONS[section]
+    with pytest.raises(ValueError, match=rf"^\[{section}\] {name} must be") as info:
+        TrainConfig(**{name: value})
+    assert "\n" not in str(info.value)
+    good = TrainConfig()
+    object.__setattr__(good, name, value)  # past __setattr__'s view rebuild: only the checks run below
+    for other in train_config.TRAIN_SECTIONS:
+        check = getattr(good, f"_check_{other}")
+        if other == section:
+            with pytest.raises(ValueError):
+                check()
+        else:
+            check()

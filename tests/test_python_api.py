@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import srpo_envs
 from learners import TrainConfig, Trainer
@@ -87,3 +88,62 @@ def test_a_trainer_takes_env_factories_instead_of_a_registered_id(tmp_path: Path
     assert trainer.iteration == 1
     trainer.evaluate(n=2, k=1)
     assert "train" in built and "test" in built
+
+
+def test_a_trainer_trains_policy_objects_it_is_given(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``Trainer(cfg, policies=HFPolicy(...))``: the object built the user's way is the one rolled out and
+    updated in place (no model loaded from ``cfg.model``, which stays empty)."""
+    from agents import HFPolicy, PolicyMap
+
+    policy = HFPolicy(str(tiny_model_dir))
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    cfg = TrainConfig(
+        out_dir=str(tmp_path / "run"), iterations=1, tasks_per_iter=2, group_size=2, max_new_tokens=8,
+        eval_problems=2, save_every=0, lr=1e-2,
+    )  # fmt: skip
+    assert cfg.model == ""
+    trainer = Trainer(cfg, log=None, policies=policy)
+    assert all(trainer.policies[role] is policy for role in trainer.roles)
+    batch = trainer.rollout()
+    for row in batch.rows:  # a reward to learn from: the first sample of each task wins
+        row.outcome_reward = 1.0 if row.episode_id.endswith("-g0") else 0.0
+        row.reward = row.outcome_reward - row.penalty
+    trainer.update(batch)
+    moved = [k for k, v in policy.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert moved, "the given policy's weights did not move"
+
+    with pytest.raises(ValueError, match=r"no policy for the env's roles \['aggregator'"):
+        Trainer(cfg, log=None, policies=PolicyMap.per_role({"proposer": policy, "router": policy}))
+
+
+def test_a_trainer_scores_training_episodes_with_the_reward_it_is_given(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``Trainer(cfg, reward=fn)``: every training episode's reward is ``fn(outcome, env)`` (the env's own
+    reward kept as ``env_reward``); evaluation still counts the env's ``correct``; a reward that is not a
+    finite number stops the rollout with a line naming the function."""
+    seen: dict[str, dict] = {}
+
+    def shorter_is_better(outcome: dict, env) -> float:
+        seen[env.episode_id] = outcome
+        return 2.0 - 0.01 * len(str(outcome.get("answer")))
+
+    cfg = TrainConfig(
+        model=str(tiny_model_dir), out_dir=str(tmp_path / "run"), iterations=1, tasks_per_iter=2,
+        group_size=2, max_new_tokens=8, eval_problems=2, save_every=0,
+    )  # fmt: skip
+    trainer = Trainer(cfg, log=None, reward=shorter_is_better)
+    batch = trainer.rollout()
+    assert len(seen) == len(batch.episodes) == 4
+    for episode in batch.episodes:
+        outcome = seen[episode.episode_id]
+        assert outcome["env_reward"] == float(outcome["correct"]) - outcome.get("member_cost", 0.0)
+        assert episode.reward == pytest.approx(2.0 - 0.01 * len(str(outcome["answer"])), abs=1e-9)
+    trainer.evaluate(n=2, k=1)
+    assert len(seen) == 4, "the held-out evaluation used the training reward"
+
+    def broken(outcome: dict, env) -> float:
+        return float("nan")
+
+    with pytest.raises(ValueError, match="reward_fn .*broken returned nan; it must return a finite number"):
+        Trainer(cfg, log=None, reward=broken).rollout()
