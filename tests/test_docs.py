@@ -234,3 +234,22 @@ def test_the_main_job_page_leads_with_the_readmes_numbers() -> None:
     cost = re.search(r"\*\*(\d+) s\*\* wall, largest process ([\d.]+) GB RSS, ([\d.]+) GB PSS", readme)
     assert cost is not None
     assert f"**{cost[1]} s** wall, largest\nprocess {cost[2]} GB RSS, {cost[3]} GB PSS" in first
+
+
+def test_every_results_page_leads_with_the_readmes_line_for_it() -> None:
+    """Each results page opens with one current summary, and it says what the README's results table says
+    of it, word for word (numbers included); every results page is in that table (the main job has its
+    own table, checked above), and the history stays below the summary."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("| results page | what it says today |") :].split("\n\n")[0]
+    lines = {
+        m[1]: m[2] for m in re.finditer(r"^\| \[[^]]+\]\(docs/results/([\w-]+\.md)\) \| (.+) \|$", table, re.M)
+    }
+    pages = {p.name for p in (ROOT / "docs" / "results").glob("*.md")} - {"index.md", "main-job.md"}
+    assert set(lines) == pages, "results pages missing from the README's table (or linked but absent)"
+    for name, line in lines.items():
+        page = (ROOT / "docs" / "results" / name).read_text(encoding="utf-8")
+        first = page.split("\n## ")[1]
+        assert first.startswith("Summary\n"), f"{name}: the first section is not its summary"
+        assert f"Today: {line}." in " ".join(first.split()), f"{name}: the summary is not the README's line"
+        assert len(page.split("\n## ")) > 2, f"{name}: no history below the summary"
