@@ -190,6 +190,15 @@ OPTION_NAMES: dict[str, str] = {
 }
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds 0,1,2`` as integers (empty items skipped); anything else is a ``ValueError`` that names
+    the option and the value."""
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers, got {text!r}") from None
+
+
 def layout(cls: type[CompareOptions]) -> Layout:
     """The experiment-file layout of ``cls``: :data:`COMPARE_SECTIONS` (plus its own options), with
     ``[train]`` open to every ``TrainConfig`` field but :data:`RUN_FIELDS`."""

@@ -355,7 +355,7 @@ def test_tables_print_whole_when_stdout_is_not_a_terminal(capsys) -> None:  # no
     table comes out whole (pytest's captured stdout is not a terminal)."""
     from types import SimpleNamespace
 
-    from benchmarks.cli import _print_comparison
+    from benchmarks.compare_cli import _print_comparison
 
     table = pd.DataFrame(
         [
@@ -398,15 +398,15 @@ def test_decision_runs_evaluate_the_whole_held_out_split_with_k_4() -> None:
     """Issue 27: a comparison meant to decide evaluates every held-out problem with k >= 4 by default
     (the design ``srpo bench power`` sizes); it fails if the decision eval falls back to bench quick's
     32-problem, k=2 sample."""
-    from benchmarks import cli
+    from benchmarks import compare_cli
     from benchmarks.evidence import suite_problems
     from benchmarks.presets import DECISION_SEEDS
 
     for suite in DECISION_SEEDS:
-        k, limit = cli._eval_settings(suite, None, None)
+        k, limit = compare_cli._eval_settings(suite, None, None)
         assert k >= 4, suite
         assert limit >= max(suite_problems(suite).values()), suite
-    assert cli._eval_settings("quick-columns", 2, 16) == (2, 16)  # options given beat the preset
+    assert compare_cli._eval_settings("quick-columns", 2, 16) == (2, 16)  # options given beat the preset
 
 
 def test_search_decision_runs_train_in_many_worlds_for_64_filtered_iterations(monkeypatch) -> None:  # noqa: ANN001

@@ -203,10 +203,10 @@ SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "benchma
 
 @pytest.fixture
 def compare_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple, dict]]:
-    import benchmarks.cli as cli
+    import benchmarks.compare_cli as compare_cli
 
     calls: list[tuple[tuple, dict]] = []
-    monkeypatch.setattr(cli, "_run_compare", lambda *a, **kw: calls.append((a, kw)))
+    monkeypatch.setattr(compare_cli, "_run_compare", lambda *a, **kw: calls.append((a, kw)))
     return calls
 
 

@@ -117,7 +117,7 @@ def test_bench_eval_model_hub_id_offline_says_not_cached(monkeypatch, tmp_path: 
 
 
 def test_paper_k_defaults() -> None:
-    from benchmarks.cli import _eval_k
+    from benchmarks.compare_cli import _eval_k
     from benchmarks.suites import SUITES
 
     assert SUITES["math"].default_k == 16 and SUITES["math-routed"].default_k == 16

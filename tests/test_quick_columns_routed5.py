@@ -59,7 +59,7 @@ def test_bench_quick_finds_the_warm_start_option_of_every_suite() -> None:
     from pathlib import Path
 
     from benchmarks import presets
-    from benchmarks.cli import _given_warm_start
+    from benchmarks.quick_cli import _given_warm_start
 
     math, search, columns = Path("m"), Path("s"), Path("c")
     expected = {"quick-columns-routed5": columns, "quick-search-routed": search, "quick-math": math}

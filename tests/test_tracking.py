@@ -67,7 +67,7 @@ def test_cli_typo_is_a_usage_error() -> None:
 def test_bench_compare_passes_logger_to_every_run() -> None:
     from typer.testing import CliRunner
 
-    from benchmarks.cli import _with_logger
+    from benchmarks.compare_cli import _with_logger
     from learners.trainer import TrainConfig
     from srpo_cli.app import app
 
