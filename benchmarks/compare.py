@@ -47,6 +47,7 @@ from benchmarks.presets import ABLATIONS, ALGORITHMS  # noqa: F401  (ABLATIONS r
 from benchmarks.report import format_mean_std, mean_std, plot_learning_curves, to_markdown, write_csv
 from benchmarks.strata import strata_frame, strata_markdown, suite_strata, write_strata
 from learners import checkpoint as ckpt
+from learners import metrics_log
 from learners.trainer import TrainConfig, Trainer
 from srpo_common import atomic_write_text, weights_sha256
 
@@ -303,7 +304,7 @@ def train_and_evaluate(
             trainer.continue_from(source, start)
     history = trainer.train()
     t1 = time.perf_counter()
-    metrics = ckpt.read_metrics(trainer.metrics_path)  # what the run logged, one row per iteration
+    metrics = metrics_log.read_metrics(trainer.metrics_path)  # what the run logged, one row per iteration
     result = _run_eval(cfg, trainer.policies, seed, name)
     del trainer
     _release()

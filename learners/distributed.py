@@ -182,6 +182,20 @@ def all_gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
     return out
 
 
+def group_rank() -> int:
+    """This process's rank in the initialised process group; 0 without one (a single-process run)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return 0
+
+
+def group_barrier() -> None:
+    """A barrier across the initialised group when it has several ranks; nothing otherwise (files that
+    rank 0 writes are waited for by the others, without needing a :class:`DistContext`)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def barrier(ctx: DistContext) -> None:
     """Wait for every rank (no-op on one process)."""
     if ctx.enabled:

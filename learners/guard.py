@@ -6,7 +6,7 @@ step that the next minibatch's importance ratios are astronomical (``actor/appro
 held-out accuracy falls to zero, while every weight stays finite and the run would otherwise exit 0 and
 export the wreck. It reads only what the trainer already logs per iteration (the record written to
 ``metrics.jsonl``), so it costs nothing, and raises :class:`DivergenceError`, a
-:class:`learners.checkpoint.NonFiniteError`: the ``srpo`` boundary prints its one line and exits 3, as for
+:class:`learners.state_check.NonFiniteError`: the ``srpo`` boundary prints its one line and exits 3, as for
 persistent non-finite steps.
 
 The default thresholds sit well above what healthy runs log, at ``srpo train``'s defaults for the
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from learners.checkpoint import NonFiniteError
+from learners.state_check import NonFiniteError
 
 #: Guarded per-iteration metric -> (the ``TrainConfig`` field holding its threshold, what it measures).
 #: Each is compared by absolute value (a loss diverges in either direction).

@@ -20,6 +20,7 @@ import torch
 
 from agents.policy import PolicyMap
 from learners import checkpoint as ckpt
+from learners import metrics_log, state_check
 from learners.tracking import STATE_FILE as TRACKER_STATE_FILE
 from learners.tracking import MultiTracker
 
@@ -68,7 +69,7 @@ class RunState:
         return self.out / "metrics.jsonl"
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        return ckpt.read_metrics(self.metrics_path)
+        return metrics_log.read_metrics(self.metrics_path)
 
     def start_metrics(self, iteration: int) -> list[dict[str, Any]]:
         """Metrics history at the start of training at ``iteration``: empty for a fresh run, else cut to it.
@@ -77,16 +78,16 @@ class RunState:
         iteration is never logged twice; a resumed run keeps only rows its checkpoint covers.
         """
         if iteration == 0:
-            stale = ckpt.reset_metrics(self.metrics_path)
+            stale = metrics_log.reset_metrics(self.metrics_path)
             if stale:
                 self.log(f"fresh start: removed {stale} stale rows of {self.metrics_path}")
             return []
-        return ckpt.trim_metrics(self.metrics_path, iteration)
+        return metrics_log.trim_metrics(self.metrics_path, iteration)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """One row to metrics.jsonl and the other --logger backends (outside training: metrics.jsonl)."""
         if self.tracker is None:
-            ckpt.append_metrics(self.metrics_path, record)
+            metrics_log.append_metrics(self.metrics_path, record)
         else:
             self.tracker.log(record, step=int(record["iteration"]))
 
@@ -115,10 +116,10 @@ class RunState:
 
     def save(self, state: dict[str, Any]) -> Path | None:
         """Publish ``state`` (:meth:`state`) atomically (rank 0 writes under torch.distributed); weights
-        that are not finite are never written (:class:`~learners.checkpoint.NonFiniteError`)."""
+        that are not finite are never written (:class:`~learners.state_check.NonFiniteError`)."""
         for name, tensors in state["models"].items():
-            if ckpt.nonfinite_tensors(tensors):
-                raise ckpt.NonFiniteError(
+            if state_check.nonfinite_tensors(tensors):
+                raise state_check.NonFiniteError(
                     f"{name} has non-finite weights; not checkpointed (the last checkpoint is kept)"
                 )
         return ckpt.save_checkpoint(self.out, state)
@@ -136,7 +137,7 @@ class RunState:
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])  # type: ignore[union-attr]
         ckpt.restore_rng_state(state["rng"])
         iteration = int(state["iteration"])
-        ckpt.trim_metrics(self.metrics_path, iteration)
+        metrics_log.trim_metrics(self.metrics_path, iteration)
         return iteration
 
     def clear(self) -> None:
@@ -154,10 +155,10 @@ class RunState:
         """Start this run's curve with ``run_dir``'s rows up to ``iteration`` (a continued run's history)."""
         source = Path(run_dir) / "metrics.jsonl"
         self.out.mkdir(parents=True, exist_ok=True)
-        ckpt.reset_metrics(self.metrics_path)
+        metrics_log.reset_metrics(self.metrics_path)
         if source.is_file():
             shutil.copyfile(source, self.metrics_path)
-            ckpt.trim_metrics(self.metrics_path, iteration)
+            metrics_log.trim_metrics(self.metrics_path, iteration)
 
     # ------------------------------------------------------------------ export
     def export(self, out: str | os.PathLike[str]) -> Path:
@@ -165,8 +166,8 @@ class RunState:
         out = Path(out)
         models = self.states.full_policies()  # FSDP2: unsharded copies on rank 0 (collective), else ours
         for i, pol in enumerate(models):
-            if ckpt.nonfinite_tensors(pol.model.state_dict()):
-                raise ckpt.NonFiniteError(f"model{i} has non-finite weights; not exported to {out}")
+            if state_check.nonfinite_tensors(pol.model.state_dict()):
+                raise state_check.NonFiniteError(f"model{i} has non-finite weights; not exported to {out}")
         for i, pol in enumerate(models):
             target = out if len(models) == 1 else out / f"model{i}"
             pol.model.save_pretrained(target)

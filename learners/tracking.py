@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from learners import checkpoint as ckpt
+from learners import metrics_log
 from srpo_common import plugins
 from srpo_common.io import atomic_write_text
 
@@ -150,7 +150,7 @@ def _is_main_rank() -> bool:
 
 # --------------------------------------------------------------------------------------------- backends
 class JsonlTracker:
-    """``OUT/metrics.jsonl``: one JSON row per iteration (:func:`learners.checkpoint.append_metrics`)."""
+    """``OUT/metrics.jsonl``: one JSON row per iteration (:func:`learners.metrics_log.append_metrics`)."""
 
     def __init__(self, run: RunInfo) -> None:
         self.path = Path(run.out_dir) / "metrics.jsonl"
@@ -160,7 +160,7 @@ class JsonlTracker:
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         row = {"iteration": step, **{k: v for k, v in metrics.items() if k != "iteration"}}
-        ckpt.append_metrics(self.path, row)
+        metrics_log.append_metrics(self.path, row)
 
     def close(self) -> None:
         """Nothing to flush: every row is fsynced as it is written."""

@@ -54,7 +54,7 @@ from agents.policy import PolicyMap, SamplingParams
 from agents.rollout import RolloutBatch, RolloutCollector
 from learners import checkpoint as ckpt
 from learners import config as config_sections
-from learners import guard
+from learners import guard, state_check
 from learners.algorithms import ALGORITHMS, Algorithm, get_algorithm  # noqa: F401 (re-exported)
 from learners.async_rollout import RolloutPipeline
 from learners.config import (  # noqa: F401 (re-exported: the config's old home)
@@ -609,7 +609,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         """Publish :meth:`checkpoint_state` atomically (rank 0 writes under torch.distributed); weights
-        that are not finite are never written (:class:`~learners.checkpoint.NonFiniteError`)."""
+        that are not finite are never written (:class:`~learners.state_check.NonFiniteError`)."""
         saved = self.run_state.save(self.checkpoint_state())
         if saved is not None:
             set_resume_point(
@@ -637,7 +637,7 @@ class Trainer:
         :class:`learners.checkpoint.CheckpointError` and leaves this trainer untouched.
         """
         state = ckpt.load_checkpoint(path or self.out)
-        ckpt.validate_train_state(state)  # junk values: one CheckpointError, before anything is touched
+        state_check.validate_train_state(state)  # junk values: one CheckpointError, before anything is touched
         try:
             saved = TrainConfig.from_dict(dict(state["config"]))
         except (TypeError, ValueError) as exc:

@@ -22,7 +22,7 @@ import torch
 
 from agents.policy import PolicyMap
 from agents.rollout import RolloutBatch
-from learners import checkpoint as ckpt
+from learners import state_check
 from learners.advantages import AdvantageConfig, AdvantageResult, get_adv_estimator
 from learners.batching import (
     Batch,
@@ -347,12 +347,12 @@ class PolicyUpdate:
 
     def _skip_nonfinite_step(self, loss: float, grad_norm: float) -> None:
         """Drop this minibatch's gradients instead of stepping; after ``max_nonfinite_steps`` in a row
-        raise :class:`~learners.checkpoint.NonFiniteError` (the run stops before it saves or exports)."""
+        raise :class:`~learners.state_check.NonFiniteError` (the run stops before it saves or exports)."""
         self.optimizer.zero_grad(set_to_none=True)
         self.nonfinite_steps += 1
         self._nonfinite_streak += 1
         if self._nonfinite_streak >= self.guard.max_nonfinite_steps:
-            raise ckpt.NonFiniteError(
+            raise state_check.NonFiniteError(
                 f"training diverged: {self._nonfinite_streak} optimizer steps in a row had a non-finite loss "
                 f"or gradient (last: loss {loss}, grad norm {grad_norm}) at iteration {self.iteration}; "
                 f"stopped without exporting; the last checkpoint in {self.out_dir} is kept (lower --lr?)"

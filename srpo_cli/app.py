@@ -220,6 +220,8 @@ _INPUT_ERRORS = {
     ("json.decoder", "JSONDecodeError"),
     ("builtins", "UnicodeDecodeError"),
 }
+#: A run that stopped itself: non-finite training or the divergence guard (exit 3).
+_NONFINITE = ("learners.state_check", "NonFiniteError")
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -250,7 +252,7 @@ def _classify(exc: BaseException) -> tuple[int, str]:
         return 2, f"error: unreadable safetensors file ({_one_line(text, 300)})"
     if isinstance(exc, RecursionError):
         return 2, "error: input nested too deeply to process (a hostile or corrupt file?)"
-    if ("learners.checkpoint", "NonFiniteError") in names:
+    if _NONFINITE in names:
         return 3, f"error: {_one_line(str(exc))}"
     if names & _INPUT_ERRORS:
         errors = getattr(exc, "errors", None)

@@ -158,7 +158,8 @@ def test_only_rank_zero_writes(tmp_path: Path) -> None:
 _RANK_SCRIPT = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
-    from learners.checkpoint import append_metrics, load_checkpoint, reset_metrics, save_checkpoint, trim_metrics
+    from learners.checkpoint import load_checkpoint, save_checkpoint
+    from learners.metrics_log import append_metrics, reset_metrics, trim_metrics
     rank, run, store = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     torch.manual_seed(0)

@@ -193,3 +193,16 @@ def test_our_own_bugs_are_still_internal_errors_and_the_table_has_the_new_status
     assert EXTERNAL in EXIT_CODES and "external service" in EXIT_CODES[EXTERNAL]
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert "| 5 | an external service failed" in readme
+
+
+def test_the_exit_status_table_names_classes_that_exist() -> None:
+    """The boundary matches exceptions by (module, name) so that it imports nothing a command did not;
+    each pair must name a real class, or moving one (learners.checkpoint's NonFiniteError went to
+    learners.state_check) would silently turn its exit status into a crash's."""
+    import importlib
+
+    from srpo_cli import app
+
+    for module, name in (*app._INPUT_ERRORS, app._NONFINITE):
+        cls = getattr(importlib.import_module(module), name, None)
+        assert isinstance(cls, type) and issubclass(cls, BaseException), f"{module}.{name} is no exception class"

@@ -63,8 +63,8 @@ def test_missing_columns_are_rejected(tmp_path: Path) -> None:
 
 def test_bench_quick_draws_one_row_per_suite(tmp_path: Path, monkeypatch) -> None:
     """``bench quick``'s merge step feeds every suite's curves and held-out runs to the panels."""
-    from benchmarks.quick_cli import _merge_quick_outputs
     from benchmarks.compare import ComparisonResult
+    from benchmarks.quick_cli import _merge_quick_outputs
 
     figures = []
     save = report._save_png

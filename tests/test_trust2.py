@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from learners import checkpoint as ckpt
+from learners import state_check
 from learners.trainer import train
 from srpo_cli.app import main
 from tests._builders import checkpoint_run_config
@@ -228,7 +229,7 @@ def test_diverging_run_stops_with_exit_3_and_exports_nothing(
     state = ckpt.load_checkpoint(run)
     assert state["iteration"] == 2
     for tensors in state["models"].values():
-        assert ckpt.nonfinite_tensors(tensors) == []
+        assert state_check.nonfinite_tensors(tensors) == []
 
 
 def test_nonfinite_step_is_skipped_and_counted(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
