@@ -26,15 +26,23 @@ only the response positions go through the LM head.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
+from agents.kv_cache import (
+    GROWING_LAYER,
+    cache_kwarg,
+    forward_params,
+    generation_cache,
+    is_peft,
+    new_cache,
+    transformers_model,
+)
 from agents.layout import pad_prompt_response
-from agents.policy import ChatMessages, Generation, GenerationRequest, PolicyMap, SamplingParams
+from agents.policy import ChatMessages, Generation, GenerationRequest, SamplingParams
 
 #: ``adapter_name`` that runs a ``PeftModel`` with all adapters disabled (the base weights).
 BASE_ADAPTER = "__base__"
@@ -103,146 +111,12 @@ def load_causal_lm(
     return model.to(dev)
 
 
-def _is_peft(model: Any) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a core dependency
-        return False
-    return isinstance(model, PeftModel)
-
-
-def _transformers_model(model: Any) -> Any:
-    """The underlying ``PreTrainedModel`` (inside a ``PeftModel`` its modules carry the LoRA layers)."""
-    return model.get_base_model() if _is_peft(model) else model
-
-
-def _forward_params(model: Any) -> set[str]:
-    return set(inspect.signature(_transformers_model(model).forward).parameters)
-
-
-def _cache_kwarg(model: Any) -> str:
-    """transformers 5 renamed ``past_key_values`` to ``cache``; use whichever this version takes."""
-    return "cache" if "cache" in _forward_params(model) else "past_key_values"
-
-
-def _new_cache(model: Any) -> Any:
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=_transformers_model(model).config)
-    except TypeError:  # transformers 4.x
-        return DynamicCache()
-
-
-def _growing_layer_class() -> type | None:
-    """:class:`transformers.cache_utils.DynamicLayer` with room to grow (see :func:`_generation_cache`);
-    None on a transformers without cache layers."""
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError:  # pragma: no cover - transformers 4.x before cache layers
-        return None
-
-    class GrowingLayer(DynamicLayer):
-        """A decode-time KV cache layer that writes each step into spare room instead of concatenating.
-
-        ``DynamicLayer.update`` concatenates, so every decode step copies the whole cache of every
-        layer into a new tensor: on the 2.4M-parameter columns model with 64 rows and ~100 cached
-        positions that copy was half of a decode step's CPU time (``torch.profiler``), and this layer's
-        decode steps take ~15% less time. It keeps a buffer with ``reserve``
-        free positions after the prompt (grown by doubling if they run out) and hands attention a view
-        of its filled part: the same keys and values, so the logits are bit-identical. Inference only
-        (the in-place writes are not for autograd); operations that rebuild the cache (crop, repeat,
-        row selection) leave a buffer exactly full, which the next update regrows.
-        """
-
-        def __init__(self, reserve: int) -> None:
-            super().__init__()
-            self.reserve = max(1, int(reserve))
-            self._length = 0
-
-        def update(
-            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-                self.keys, self.values, self._length = key_states[..., :0, :], value_states[..., :0, :], 0
-            n, q = self._length, key_states.shape[-2]
-            if n + q > self._room():
-                self._regrow(n + q + self.reserve)
-            self._kbuf[..., n : n + q, :] = key_states
-            self._vbuf[..., n : n + q, :] = value_states
-            self._set_length(n + q)
-            return self.keys, self.values
-
-        def _room(self) -> int:
-            return self._kbuf.shape[-2] if hasattr(self, "_kbuf") else 0
-
-        def _regrow(self, capacity: int) -> None:
-            n, k, v = self._length, self.keys, self.values
-            capacity = max(capacity, 2 * n)
-            self._kbuf = k.new_empty(*k.shape[:-2], capacity, k.shape[-1])
-            self._vbuf = v.new_empty(*v.shape[:-2], capacity, v.shape[-1])
-            self._kbuf[..., :n, :] = k
-            self._vbuf[..., :n, :] = v
-
-        def _set_length(self, n: int) -> None:
-            self._length = n
-            self.keys, self.values = self._kbuf[..., :n, :], self._vbuf[..., :n, :]
-
-        def _adopt(self) -> None:
-            """After a base-class operation replaced ``keys``/``values``: they are the buffer now."""
-            self._kbuf, self._vbuf = self.keys, self.values
-            self._length = self.keys.shape[-2]
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if self._length > 0:  # select from the buffer: the spare room comes along, no regrowth
-                self._kbuf, self._vbuf = self._kbuf[indices, ...], self._vbuf[indices, ...]
-                self._set_length(self._length)
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            super().batch_repeat_interleave(repeats)
-            if self.is_initialized:
-                self._adopt()
-
-        def crop(self, tokens_to_remove: int) -> None:
-            super().crop(tokens_to_remove)
-            if self.is_initialized:
-                self._adopt()
-
-        def reset(self) -> None:
-            super().reset()
-            self._length = 0
-            for name in ("_kbuf", "_vbuf"):
-                self.__dict__.pop(name, None)
-
-    return GrowingLayer
-
-
-_GROWING_LAYER = _growing_layer_class()
-
-
-def _generation_cache(model: Any, reserve: int) -> Any:
-    """:func:`_new_cache` for sampling: each layer a ``GrowingLayer`` with room for ``reserve`` new
-    tokens after the prefill (a plain ``DynamicCache`` where this transformers has no cache layers or
-    the model's config asks for other ones, e.g. sliding windows)."""
-    cache = _new_cache(model)
-    layers = getattr(cache, "layers", None)
-    if (
-        _GROWING_LAYER is None
-        or not layers
-        or any(type(layer).__name__ != "DynamicLayer" for layer in layers)
-    ):
-        return cache
-    cache.layers = [_GROWING_LAYER(reserve) for _ in layers]
-    return cache
-
-
 def eos_token_ids(tokenizer: Any, model: Any | None = None) -> list[int]:
     """Every id that ends a sequence: the tokenizer's EOS plus the model's ``generation_config`` ones."""
     ids: list[int] = []
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.append(int(tokenizer.eos_token_id))
-    gen_cfg = getattr(_transformers_model(model), "generation_config", None) if model is not None else None
+    gen_cfg = getattr(transformers_model(model), "generation_config", None) if model is not None else None
     extra = getattr(gen_cfg, "eos_token_id", None)
     if isinstance(extra, int):
         extra = [extra]
@@ -311,7 +185,7 @@ def adapter_scope(model: Any, adapter_name: str | None) -> Iterator[None]:
     adapter trainable; an inactive adapter gets no gradient because it is not in the forward).
     ``BASE_ADAPTER`` disables all adapters. A plain model or ``adapter_name=None`` is a no-op.
     """
-    if adapter_name is None or not _is_peft(model):
+    if adapter_name is None or not is_peft(model):
         yield
         return
     if adapter_name == BASE_ADAPTER:
@@ -360,7 +234,7 @@ def enable_gradient_checkpointing(model: Any) -> None:
     import functools
 
     kwargs: dict[str, Any] = {"use_reentrant": False}
-    if _is_peft(model):
+    if is_peft(model):
         kwargs["context_fn"] = functools.partial(_adapter_recompute_contexts, model)
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:  # transformers >= 5 (gradient_checkpointing_enable is its deprecated alias)
@@ -403,7 +277,7 @@ def response_logprobs(
         mask[i, : len(r)] = True
     ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
     kwargs: dict[str, Any] = {"use_cache": False}
-    if "logits_to_keep" in _forward_params(model):
+    if "logits_to_keep" in forward_params(model):
         kwargs["logits_to_keep"] = r_len + 1
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, **kwargs).logits
     logits = logits[:, -(r_len + 1) : -1].float()  # position P-1+t predicts response token t
@@ -487,14 +361,14 @@ class HFPolicy:
             if dtype is not None:
                 model.to(_resolve_dtype(dtype, next(model.parameters()).device))
         if tokenizer is None:
-            name = getattr(_transformers_model(model), "name_or_path", None)
+            name = getattr(transformers_model(model), "name_or_path", None)
             if not name:
                 raise ValueError("pass a tokenizer when the model was not loaded from a path")
             tokenizer = name
         if isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         if adapter_name is not None and adapter_name != BASE_ADAPTER:
-            if not _is_peft(model):
+            if not is_peft(model):
                 raise ValueError(f"adapter_name={adapter_name!r} needs a peft.PeftModel")
             if adapter_name not in model.peft_config:
                 raise ValueError(f"adapter {adapter_name!r} not in {sorted(model.peft_config)}")
@@ -507,8 +381,8 @@ class HFPolicy:
         self.policy_version = policy_version
         self.eos_ids = eos_token_ids(tokenizer, model)
         self.pad_id = pad_token_id(tokenizer)
-        self._cache_kwarg = _cache_kwarg(model)
-        self._keep_kwarg = "logits_to_keep" in _forward_params(model)
+        self._cache_kwarg = cache_kwarg(model)
+        self._keep_kwarg = "logits_to_keep" in forward_params(model)
         #: Prefill each distinct prompt of a batch once (:meth:`_prefill`); False forwards every row.
         self.share_prefix = True
         #: Generate under ``torch.autocast`` to this dtype (None: in the weights' dtype). A learner keeps
@@ -626,7 +500,7 @@ class HFPolicy:
         lengths = [len(prompts[j]) for j in rows]
         longest_first = all(a >= b for a, b in zip(lengths, lengths[1:], strict=False))  # as generate() sorts
         buckets = length_buckets(lengths, PREFILL_FORWARD_COST) if longest_first else [list(range(len(rows)))]
-        if len(buckets) > 1 and all(type(layer) is _GROWING_LAYER for layer in getattr(cache, "layers", ())):
+        if len(buckets) > 1 and all(type(layer) is GROWING_LAYER for layer in getattr(cache, "layers", ())):
             logits = self._bucketed_forward(
                 [[rows[i] for i in b] for b in buckets], prompts, ids, attn, pos, cache
             )
@@ -665,7 +539,7 @@ class HFPolicy:
         for bucket in buckets:
             w = max(len(prompts[j]) for j in bucket)
             sel = torch.tensor(bucket, device=ids.device)
-            part = _new_cache(self.model)
+            part = new_cache(self.model)
             parts.append(
                 self._forward(ids[sel, width - w :], attn[sel, width - w :], pos[sel, width - w :], part)
             )
@@ -730,7 +604,7 @@ class HFPolicy:
         window = [4 * max((len(s) for s in sp.stop), default=0) + 2 for sp in sps]
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
 
-        cache = _generation_cache(self.model, reserve=steps)
+        cache = generation_cache(self.model, reserve=steps)
         logits = self._prefill(prompts, ids, attn, pos, cache)
         next_pos = attn.sum(-1, keepdim=True)
         rows = list(range(n))  # original index of each row still in the batch
@@ -798,98 +672,15 @@ class HFPolicy:
         )
 
 
-# ------------------------------------------------------------------------------------- LoRA per role
-
-
-def default_lora_config(r: int = 8, alpha: int = 16, dropout: float = 0.0) -> Any:
-    """LoRA on every linear layer; dropout 0 so the learner's recompute equals the behaviour log-prob."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear", task_type="CAUSAL_LM"
-    )
-
-
-def _mark_adapters_trainable(model: Any, adapters: Sequence[str]) -> None:
-    """Every role's adapter trainable, the base frozen: ``get_peft_model``/``set_adapter`` leave only the
-    active adapter trainable, which would silently freeze the other roles."""
-    names = set(adapters)
-    for name, p in model.named_parameters():
-        parts = set(name.split("."))
-        p.requires_grad_(bool(parts & names) and "lora_" in name)
-
-
-def lora_policy_map(
-    base: Any,
-    roles: Sequence[str],
-    lora_config: Any = None,
-    tokenizer: Any = None,
-    adapters: Mapping[str, str | os.PathLike[str]] | None = None,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | str | None = None,
-    **policy_kwargs: Any,
-) -> PolicyMap:
-    """One base model with one LoRA adapter per role, as a :class:`PolicyMap` of :class:`HFPolicy` views.
-
-    ``base``: path/id, ``PreTrainedModel``, :class:`HFPolicy`, or a ``PeftModel`` that already has an
-    adapter named after every role. New adapters come from ``lora_config`` (default
-    :func:`default_lora_config`) or are loaded from ``adapters[role]`` (a saved adapter directory).
-    Wrapping injects the LoRA layers into ``base`` in place and leaves every role's adapter trainable
-    (base frozen). All views share the model, so their batches run one after another with their own
-    adapter active ("adapter switching per batch group", :func:`adapter_scope`).
-    """
-    from peft import PeftModel, get_peft_model
-    from transformers import AutoTokenizer
-
-    roles = list(dict.fromkeys(roles))
-    if not roles:
-        raise ValueError("lora_policy_map needs at least one role")
-    if isinstance(base, HFPolicy):
-        tokenizer = tokenizer if tokenizer is not None else base.tokenizer
-        base = base.model
-    if isinstance(base, (str, os.PathLike)):
-        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(base))
-        base = load_causal_lm(base, dtype, device or "cpu")
-        device = dtype = None
-    if isinstance(base, PeftModel):
-        model = base
-        missing = [r for r in roles if r not in model.peft_config]
-        if missing:
-            raise ValueError(f"PeftModel has no adapter for roles {missing}")
-    elif adapters:
-        missing = [r for r in roles if r not in adapters]
-        if missing:
-            raise ValueError(f"no adapter path for roles {missing}")
-        model = PeftModel.from_pretrained(
-            base, str(adapters[roles[0]]), adapter_name=roles[0], is_trainable=True
-        )
-        for r in roles[1:]:
-            model.load_adapter(str(adapters[r]), adapter_name=r, is_trainable=True)
-    else:
-        cfg = lora_config if lora_config is not None else default_lora_config()
-        model = get_peft_model(base, cfg, adapter_name=roles[0])
-        for r in roles[1:]:
-            model.add_adapter(r, cfg)
-    if not isinstance(base, PeftModel):  # a PeftModel passed in keeps the caller's trainable set
-        _mark_adapters_trainable(model, roles)
-    first = HFPolicy(model, tokenizer, device=device, dtype=dtype, adapter_name=roles[0], **policy_kwargs)
-    policies = {roles[0]: first}
-    for r in roles[1:]:
-        policies[r] = first.view(r)
-    return PolicyMap.per_role(policies)
-
-
 __all__ = [
     "BASE_ADAPTER",
     "HFPolicy",
     "adapter_scope",
     "enable_gradient_checkpointing",
-    "default_lora_config",
     "dtype_kwarg",
     "load_causal_lm",
     "eos_token_ids",
     "eval_mode",
-    "lora_policy_map",
     "encode_request",
     "pad_token_id",
     "render_chat",

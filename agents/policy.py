@@ -7,7 +7,7 @@ policies and covers the three ways a multi-agent system shares parameters:
 
 * one model shared by all roles (``PolicyMap.shared``): requests of all roles go in one batch;
 * a separate model per role (``PolicyMap({"solver": p1, "verifier": p2})``);
-* one base model with a LoRA adapter per role (``agents.hf.lora_policy_map``): each role is a view
+* one base model with a LoRA adapter per role (``agents.lora.lora_policy_map``): each role is a view
   of the same ``PeftModel`` that activates its adapter for its batch group.
 
 Behaviour log-prob convention (what ``Generation.logprobs`` holds)

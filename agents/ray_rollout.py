@@ -184,7 +184,8 @@ class HFPolicyFactory:
     dtype: str | None = None
 
     def __call__(self) -> PolicyMap:
-        from agents.hf import HFPolicy, default_lora_config, lora_policy_map
+        from agents.hf import HFPolicy
+        from agents.lora import default_lora_config, lora_policy_map
 
         def make() -> HFPolicy:
             return HFPolicy(self.model, device=self.device, dtype=self.dtype)

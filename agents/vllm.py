@@ -24,13 +24,13 @@ worker processes) when it does not.
 LoRA per role. One engine serves every role: it is created with ``lora_rank`` (``enable_lora=True``,
 ``max_lora_rank`` rounded up to a rank vLLM accepts, ``max_loras`` = the number of roles), and
 :meth:`VLLMPolicy.view` gives each role a policy on that engine whose requests carry the role's
-``LoRARequest`` (:func:`vllm_lora_policy_map` builds the role map, as :func:`agents.hf.lora_policy_map`
+``LoRARequest`` (:func:`vllm_lora_policy_map` builds the role map, as :func:`agents.lora.lora_policy_map`
 does for the learner). vLLM 0.32 loads adapters only from a directory (``LoRARequest.lora_path``), so
 :meth:`VLLMPolicy.push_adapter` writes the learner's adapter with peft's ``save_pretrained`` into a
 fresh directory and registers it under a **new** ``lora_int_id`` (and a name carrying that id): vLLM
 caches adapters by id and keys prefix-cache blocks by (name, path), so reusing either would keep
 serving the old adapter. The replaced adapter is removed from the engine and its directory deleted.
-The base weights are frozen under LoRA (:func:`agents.hf.lora_policy_map`), so only adapters move.
+The base weights are frozen under LoRA (:func:`agents.lora.lora_policy_map`), so only adapters move.
 Separate full models per role (``sharing=per-role``) are not served: see :data:`PER_ROLE_REFUSAL`.
 
 Data parallel (``torchrun``/``accelerate launch``, one engine per rank). vLLM's default in-process
@@ -530,7 +530,7 @@ def _safe_name(name: str) -> str:
 def vllm_lora_policy_map(engine: VLLMPolicy, roles: Sequence[str]) -> PolicyMap:
     """Role -> :meth:`VLLMPolicy.view` with the role's adapter, all on ``engine`` (which needs ``lora_rank``).
 
-    The vLLM counterpart of :func:`agents.hf.lora_policy_map`: adapters are named after the roles, so
+    The vLLM counterpart of :func:`agents.lora.lora_policy_map`: adapters are named after the roles, so
     :func:`sync_rollout_engine` pushes the learner's adapter ``role`` into the view of ``role``.
     """
     if not roles:

@@ -86,7 +86,7 @@ GPU_ONLY = ("CUDA context", "vLLM")
 RUNTIME_OVERHEAD = int(2.0 * GIB)
 #: KV cache the vLLM engine needs at least beside its weights (a few thousand tokens of a 7B model)
 MIN_KV_CACHE = int(1.0 * GIB)
-#: the modules :func:`agents.hf.default_lora_config` adapts (attention and MLP projections)
+#: the modules :func:`agents.lora.default_lora_config` adapts (attention and MLP projections)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

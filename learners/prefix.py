@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agents.hf import _cache_kwarg, _forward_params, _new_cache, _transformers_model
+from agents.kv_cache import cache_kwarg, forward_params, new_cache, transformers_model
 from agents.layout import pad_prompt_response
 from learners.losses import entropy_from_logits, logprobs_from_logits
 
@@ -70,7 +70,7 @@ def _per_row_logits(
     dev = next(model.parameters()).device
     ids, attn, pos, _ = pad_prompt_response(prompts, responses, pad_id)
     kwargs: dict[str, Any] = {"use_cache": False}
-    if "logits_to_keep" in _forward_params(model):
+    if "logits_to_keep" in forward_params(model):
         kwargs["logits_to_keep"] = r_len + 1
     out = model(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev), **kwargs)
     return out.logits[:, -(r_len + 1) : -1]
@@ -111,9 +111,9 @@ def shared_prefix_logits(
     uniq, index = prompt_groups(prompt_ids_list)
     p_ids, p_attn, p_pos, p_len = pad_prompt_response(uniq, None, pad_id)
     p_ids, p_attn, p_pos = p_ids.to(dev), p_attn.to(dev), p_pos.to(dev)
-    cache_kw = _cache_kwarg(model)
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
-    cache = _new_cache(model)
+    cache_kw = cache_kwarg(model)
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in forward_params(model) else {}
+    cache = new_cache(model)
     out = model(
         input_ids=p_ids,
         attention_mask=p_attn,
@@ -377,7 +377,7 @@ def _plain_head(model: Any) -> tuple[Any, Any] | None:
     Lets the packed forward project only the nodes that predict response tokens. Models that scale
     or soft-cap their logits (Gemma, Cohere, ...) return None and get the full logits instead.
     """
-    base = _transformers_model(model)
+    base = transformers_model(model)
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(base, FSDPModule):  # its root parameters are gathered only by the root's own forward
@@ -400,7 +400,7 @@ def packed_inputs(model: Any, packed: PackedRows) -> tuple[dict[str, Any], tuple
     """The forward keywords of a packed batch on ``model``'s device (the ancestor mask in the form its
     attention implementation wants) and the ``(seq, pos)`` index of its predicting nodes."""
     param = next(model.parameters())
-    impl = getattr(getattr(_transformers_model(model), "config", None), "_attn_implementation", "sdpa")
+    impl = getattr(getattr(transformers_model(model), "config", None), "_attn_implementation", "sdpa")
     mask = packed.attention_mask(None if impl == "sdpa" else param.dtype)
     inputs = {
         "input_ids": packed.input_ids.to(param.device),
@@ -418,7 +418,7 @@ def packed_logits(model: Any, packed: PackedRows) -> Tensor:
     if plain is not None:
         decoder, head = plain
         return head(decoder(**inputs).last_hidden_state[src])
-    keep = {"logits_to_keep": 0} if "logits_to_keep" in _forward_params(model) else {}
+    keep = {"logits_to_keep": 0} if "logits_to_keep" in forward_params(model) else {}
     return model(**inputs, **keep).logits[src]
 
 

@@ -48,7 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.hf import HFPolicy, default_lora_config, enable_gradient_checkpointing, lora_policy_map
+from agents.hf import HFPolicy, enable_gradient_checkpointing
+from agents.lora import default_lora_config, lora_policy_map
 from agents.model_source import resolve_model
 from agents.policy import PolicyMap, SamplingParams
 from agents.rollout import RolloutBatch, RolloutCollector

@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agents.hf import BASE_ADAPTER, HFPolicy, _sample, adapter_scope, lora_policy_map, response_logprobs
+from agents.hf import BASE_ADAPTER, HFPolicy, _sample, adapter_scope, response_logprobs
+from agents.lora import lora_policy_map
 from agents.policy import Generation, GenerationRequest, Policy, PolicyMap, SamplingParams
 from agents.tiny import fallback_corpus, init_tiny
 

@@ -128,7 +128,8 @@ def _randomise_adapter(model, role: str, seed: int, std: float = 0.05) -> None:
 @pytest.mark.vllm
 def test_vllm_lora_per_role_logprobs_and_adapter_push(tiny_dirs) -> None:
     """Two LoRA roles on one vLLM engine: each role's log-probs are its HF adapter's; a push moves one role."""
-    from agents.hf import BASE_ADAPTER, HFPolicy, default_lora_config, lora_policy_map
+    from agents.hf import BASE_ADAPTER, HFPolicy
+    from agents.lora import default_lora_config, lora_policy_map
     from agents.vllm import VLLMPolicy, sync_rollout_engine, vllm_lora_policy_map
 
     a, _ = tiny_dirs
@@ -342,7 +343,8 @@ def _saved_tensors(request) -> dict[str, torch.Tensor]:
 
 
 def _lora_learner(tiny_model_dir, roles):
-    from agents.hf import HFPolicy, default_lora_config, lora_policy_map
+    from agents.hf import HFPolicy
+    from agents.lora import default_lora_config, lora_policy_map
 
     learner = lora_policy_map(HFPolicy(tiny_model_dir), roles, default_lora_config(r=4))
     for i, role in enumerate(roles):

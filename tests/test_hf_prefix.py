@@ -150,7 +150,7 @@ def test_prompts_of_very_different_lengths_are_prefilled_in_buckets_with_the_sam
 def test_growing_cache_gives_the_concatenating_caches_logits_bit_for_bit(tiny_model_dir) -> None:
     """Prefill, decode steps past the reserved room (regrowth), dropping rows and repeating them:
     the logits equal a plain DynamicCache's exactly."""
-    from agents.hf import _generation_cache, _new_cache
+    from agents.kv_cache import generation_cache, new_cache
 
     torch.set_num_threads(1)
     policy = HFPolicy(tiny_model_dir)
@@ -183,8 +183,8 @@ def test_growing_cache_gives_the_concatenating_caches_logits_bit_for_bit(tiny_mo
                 p = p + 1
         return out
 
-    plain = run(_new_cache(model))
-    growing_cache = _generation_cache(model, reserve=2)  # room for 2 tokens: regrows while decoding
+    plain = run(new_cache(model))
+    growing_cache = generation_cache(model, reserve=2)  # room for 2 tokens: regrows while decoding
     assert type(growing_cache.layers[0]).__name__ == "GrowingLayer"
     growing = run(growing_cache)
     assert len(plain) == len(growing) == 7

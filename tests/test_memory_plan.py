@@ -38,7 +38,7 @@ def test_parameter_and_lora_counts_equal_the_models(tiny_model_dir: Path) -> Non
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from agents.hf import default_lora_config
+    from agents.lora import default_lora_config
 
     shape = load_model_shape(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

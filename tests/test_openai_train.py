@@ -109,7 +109,7 @@ def test_an_adapter_written_from_a_snapshot_is_the_snapshots(tiny_model_dir: Pat
     import torch
     from safetensors.torch import load_file
 
-    from agents.hf import default_lora_config, lora_policy_map
+    from agents.lora import default_lora_config, lora_policy_map
     from agents.vllm import save_lora_adapter
 
     model = lora_policy_map(str(tiny_model_dir), ["proposer", "aggregator"], default_lora_config(r=4))["proposer"].model

@@ -56,7 +56,7 @@ def _build(case: Case) -> tuple[Any, list[Any]]:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from agents.hf import default_lora_config
+    from agents.lora import default_lora_config
 
     cfg = {k: v for k, v in CONFIG.items() if k != "model_type"}
     torch.manual_seed(0)
