@@ -4,7 +4,7 @@ and decide between them (:mod:`benchmarks.compare`, :mod:`benchmarks.decide`).
 Their options are dataclasses (:mod:`benchmarks.options`) turned into commands by
 :func:`srpo_common.cli.dataclass_command`, so ``--config FILE`` and ``--set`` work as in ``srpo train``;
 ``report`` reads saved evaluations only. ``bench quick`` (:mod:`benchmarks.quick_cli`) runs
-:func:`_run_compare` per suite.
+:func:`run_compare` per suite.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def training_env(suite: str) -> TrainingEnv:
     return presets.TRAINING_ENVS[suite]
 
 
-def _print_comparison(result: Any, title: str) -> None:
+def print_comparison(result: Any, title: str) -> None:
     from rich.table import Table
 
     from benchmarks.report import make_console
@@ -56,10 +56,10 @@ def _print_comparison(result: Any, title: str) -> None:
         table.add_row(*[str(v) for v in row])
     console = make_console()
     console.print(table)
-    _print_decisions(result.decisions, title, console)
+    print_decisions(result.decisions, title, console)
 
 
-def _print_decisions(decisions: Any, title: str, console: Any = None) -> None:
+def print_decisions(decisions: Any, title: str, console: Any = None) -> None:
     """Every variant vs the reference (:mod:`benchmarks.decide`), whole, with how to read it."""
     from rich.table import Table
 
@@ -80,7 +80,7 @@ def _print_decisions(decisions: Any, title: str, console: Any = None) -> None:
     (console or make_console()).print(table)
 
 
-def _run_compare(
+def run_compare(
     model: Path | str,
     out: Path,
     variants: dict[str, dict[str, Any]],
@@ -142,7 +142,7 @@ def _run_compare(
     if experiment is not None:  # `srpo bench <command> --config OUT/experiment.toml` runs this again
         typer.echo(f"wrote {atomic_write_text(Path(out) / 'experiment.toml', experiment)}")
     result = run_comparison(cfg, log=typer.echo)
-    _print_comparison(result, title)
+    print_comparison(result, title)
     for name, path in sorted(result.paths.items()):
         typer.echo(f"wrote {name}: {path}")
     return result
@@ -179,7 +179,7 @@ def _comparison_train(opts: CompareOptions) -> dict[str, Any]:
             f"--filter-signal must be one of {', '.join(FILTER_SIGNALS)}, got {opts.filter_signal!r}"
         )
     train = resolved_train(opts, _preset_train(opts.suite))
-    train = _with_logger({k: v for k, v in train.items() if k != "logger"}, train.get("logger"))
+    train = with_logger({k: v for k, v in train.items() if k != "logger"}, train.get("logger"))
     try:
         TrainConfig(model="-", **train)
     except (TypeError, ValueError) as exc:
@@ -193,14 +193,14 @@ def _required_model(opts: CompareOptions) -> str:
     return opts.model
 
 
-def _eval_settings(suite: str, k: int | None, limit: int | None) -> tuple[int, int]:
+def eval_settings(suite: str, k: int | None, limit: int | None) -> tuple[int, int]:
     """``--eval-k`` / ``--eval-limit`` as given, else the suite's decision eval (``presets.DECISION_EVAL``),
-    else its ``bench quick`` eval, else :func:`_eval_k`'s default and ``COMPARE_DEFAULTS["eval_limit"]``."""
+    else its ``bench quick`` eval, else :func:`suite_eval_k`'s default and ``COMPARE_DEFAULTS["eval_limit"]``."""
     quick = presets.DECISION_EVAL.get(suite) or presets.QUICK_SETTINGS.get(suite, {})
     k = k if k is not None else quick.get("eval_k")
     default_limit = presets.COMPARE_DEFAULTS["eval_limit"]
     limit = limit if limit is not None else quick.get("eval_limit", default_limit)
-    return _eval_k(suite, k), int(limit)
+    return suite_eval_k(suite, k), int(limit)
 
 
 WORKERS_HELP = (
@@ -213,7 +213,7 @@ REFERENCE_HELP = (
 )
 
 
-def _with_logger(train: dict[str, Any], logger: str | None) -> dict[str, Any]:
+def with_logger(train: dict[str, Any], logger: str | None) -> dict[str, Any]:
     """``train`` with ``--logger`` as its ``logger`` override (checked here: a typo fails before any run)."""
     if logger is None:
         return train
@@ -225,7 +225,7 @@ def _with_logger(train: dict[str, Any], logger: str | None) -> dict[str, Any]:
         raise typer.BadParameter(str(exc), param_hint="--logger") from None
 
 
-def _eval_k(suite: str, k: int | None) -> int:
+def suite_eval_k(suite: str, k: int | None) -> int:
     """``--k`` as given, else the suite's paper default (16 for math) or the quick default (2)."""
     from benchmarks.suites import get_suite
 
@@ -271,8 +271,8 @@ def _compare_from_options(
     model = _required_model(opts)
     train = _comparison_train(opts)
     seeds = _default_seeds(opts.suite, opts.seeds, default_seeds)
-    k, limit = _eval_settings(opts.suite, opts.eval_k, opts.eval_limit)
-    _run_compare(
+    k, limit = eval_settings(opts.suite, opts.eval_k, opts.eval_limit)
+    run_compare(
         model,
         opts.out,
         with_staleness(variants, opts),
@@ -351,7 +351,7 @@ def report_cmd(
     except (FileNotFoundError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="RUN_DIRS") from None
     typer.echo(pt.markdown())
-    _print_decisions(decisions, pt.suite)
+    print_decisions(decisions, pt.suite)
     if not by_hop.empty:
         typer.echo(strata_markdown(by_hop, pt.suite))
     written = {
@@ -397,8 +397,8 @@ def power_cmd(opts: PowerOptions) -> None:
         env = training_env(suite)
         train = _comparison_train(opts)
         seeds = parse_seeds(opts.seeds or "0,1,2")
-        k, limit = _eval_settings(suite, eval_k, eval_limit)
-        _run_compare(
+        k, limit = eval_settings(suite, eval_k, eval_limit)
+        run_compare(
             opts.model or env.bundled_model,
             out,
             with_staleness(variants, opts),

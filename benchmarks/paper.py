@@ -34,7 +34,7 @@ import pandas as pd
 
 from benchmarks.decide import START
 from benchmarks.metrics import bootstrap_ci, bootstrap_macro_ci, per_problem, seed_summary
-from benchmarks.report import _pyplot, _save_png, to_markdown, write_csv
+from benchmarks.report import _pyplot, save_png, to_markdown, write_csv
 from srpo_common import atomic_write_text
 
 __all__ = ["EvalRun", "PaperTables", "load_runs", "paper_tables", "run_from_result", "write_paper"]
@@ -330,7 +330,7 @@ def plot_paper(pt: PaperTables, path: str | Path, *, dpi: int = 120) -> Path:
     ax.set_title(f"{pt.suite}: {label} per benchmark (95% bootstrap CI)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save_png(fig, path, dpi)
+    return save_png(fig, path, dpi)
 
 
 def write_paper(

@@ -70,7 +70,7 @@ def quick_cmd(
             ray_address,
             reference,
         )
-    for name, path in sorted(_merge_quick_outputs(out, results).items()):
+    for name, path in sorted(merge_quick_outputs(out, results).items()):
         typer.echo(f"wrote {name}: {path}")
     typer.echo(f"bench quick finished in {time.perf_counter() - start:.0f}s")
 
@@ -94,16 +94,16 @@ def _quick_suites(
     results: dict[str, Any] = {}
     for name in names:
         env = presets.TRAINING_ENVS[name]
-        given = _given_warm_start(env.recipe, model, search_model, columns_model)
+        given = given_warm_start(env.recipe, model, search_model, columns_model)
         warm = given or (
             env.bundled_model
             if (env.bundled_model / "config.json").exists()
             else _build_model(out / f"model-{env.recipe}", env.recipe)
         )
         typer.echo(f"{name}: warm start {warm}")
-        settings = _quick_settings(name)
+        settings = quick_settings(name)
         train = {**settings["train"], "iterations": iterations or settings["train"]["iterations"]}
-        results[name] = compare_cli._run_compare(
+        results[name] = compare_cli.run_compare(
             warm,
             out / name,
             dict(ALGORITHMS),
@@ -120,7 +120,7 @@ def _quick_suites(
     return results
 
 
-def _given_warm_start(
+def given_warm_start(
     recipe: str, model: Path | None, search_model: Path | None, columns_model: Path | None
 ) -> Path | None:
     """The ``bench quick`` option that names a suite's warm start, by its recipe's family: every search
@@ -136,7 +136,7 @@ def _given_warm_start(
 _QUICK_SETTING_KEYS = frozenset({"train", "eval_k", "eval_limit", "seeds"})
 
 
-def _quick_settings(suite: str) -> dict[str, Any]:
+def quick_settings(suite: str) -> dict[str, Any]:
     """``presets.QUICK_SETTINGS[suite]``, refused with a one-line error when it holds a key ``bench quick``
     would silently ignore (an ``lr`` beside ``train`` instead of inside it never reaches the run) or a
     ``train`` key that is no ``TrainConfig`` field."""
@@ -155,7 +155,7 @@ def _quick_settings(suite: str) -> dict[str, Any]:
     return settings
 
 
-def _merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
+def merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     """Top-level files of ``bench quick``: every suite's records, one leaderboard, one curves figure."""
     import pandas as pd
 

@@ -201,7 +201,7 @@ def _pyplot():
     return plt
 
 
-def _save_png(fig: object, path: str | os.PathLike[str], dpi: int) -> Path:
+def save_png(fig: object, path: str | os.PathLike[str], dpi: int) -> Path:
     plt = _pyplot()
     buf = io.BytesIO()
     try:
@@ -254,7 +254,7 @@ def plot_learning_curves(
         ax.legend(title=hue, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     else:
         ax.legend(title=hue)
-    return _save_png(fig, path, dpi)
+    return save_png(fig, path, dpi)
 
 
 def _mean_spread(values: pd.Series) -> tuple[float, float]:
@@ -364,7 +364,7 @@ def plot_suite_panels(
     if title:
         fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
-    return _save_png(fig, path, dpi)
+    return save_png(fig, path, dpi)
 
 
 def plot_k_histogram(
@@ -413,7 +413,7 @@ def plot_k_histogram(
         ax.set_title(title)
     if len(arrays) > 1:
         ax.legend()
-    return _save_png(fig, path, dpi)
+    return save_png(fig, path, dpi)
 
 
 def plot_k_over_training(
@@ -464,4 +464,4 @@ def plot_k_over_training(
     if title:
         fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
-    return _save_png(fig, path, dpi)
+    return save_png(fig, path, dpi)

@@ -149,7 +149,7 @@ class SFTConfig:
             raise ValueError(f"length_groups must be >= 0, got {self.length_groups}")
         if self.kb_worlds < 0 or not 0.0 <= self.premature_answer <= 1.0:
             raise ValueError("kb_worlds must be >= 0 and premature_answer in [0, 1]")
-        trained = _training_worlds(self)
+        trained = training_worlds(self)
         if self.kb_worlds and set(trained) & set(self.eval_kb_seeds):
             raise ValueError(f"eval_kb_seeds {self.eval_kb_seeds} overlap the training worlds {trained}")
 
@@ -211,7 +211,7 @@ def _example(
     return encode_request(tokenizer, request), target, role
 
 
-def _training_worlds(cfg: SFTConfig) -> list[int]:
+def training_worlds(cfg: SFTConfig) -> list[int]:
     """kb_seed of every world the search teacher plays in."""
     from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE
 
@@ -248,7 +248,7 @@ def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int
     prompts = RolePrompts("search")
     end = _end_id(tokenizer)
     rng = random.Random(cfg.seed)
-    worlds = _training_worlds(cfg)
+    worlds = training_worlds(cfg)
     if len(worlds) > 1:
         prebuild_kb_indexes(worlds)
     envs: dict[int, tuple[Any, ScriptedTeam, list[int]]] = {}

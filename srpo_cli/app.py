@@ -205,7 +205,7 @@ _wire()
 
 #: Exceptions that mean "this input (file, option, checkpoint) is not acceptable": exit 2. By name
 #: and module, so that the boundary imports nothing a command did not already import.
-_INPUT_ERRORS = {
+INPUT_ERRORS = {
     ("learners.checkpoint", "CheckpointError"),
     ("learners.checkpoint", "CheckpointConfigError"),
     ("learners.tracking", "TrackerError"),
@@ -221,7 +221,7 @@ _INPUT_ERRORS = {
     ("builtins", "UnicodeDecodeError"),
 }
 #: A run that stopped itself: non-finite training or the divergence guard (exit 3).
-_NONFINITE = ("learners.state_check", "NonFiniteError")
+NONFINITE_ERROR = ("learners.state_check", "NonFiniteError")
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -230,7 +230,7 @@ def _one_line(text: str, limit: int = 600) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _classify(exc: BaseException) -> tuple[int, str]:
+def classify(exc: BaseException) -> tuple[int, str]:
     """Exit status and the one line to print for an exception that escaped a command."""
     names = {(k.__module__, k.__qualname__) for k in type(exc).__mro__}
     if isinstance(exc, KeyboardInterrupt):
@@ -252,9 +252,9 @@ def _classify(exc: BaseException) -> tuple[int, str]:
         return 2, f"error: unreadable safetensors file ({_one_line(text, 300)})"
     if isinstance(exc, RecursionError):
         return 2, "error: input nested too deeply to process (a hostile or corrupt file?)"
-    if _NONFINITE in names:
+    if NONFINITE_ERROR in names:
         return 3, f"error: {_one_line(str(exc))}"
-    if names & _INPUT_ERRORS:
+    if names & INPUT_ERRORS:
         errors = getattr(exc, "errors", None)
         if isinstance(errors, list) and errors:  # RecordValidationError: first problem and a count
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
     except BaseException as exc:  # noqa: BLE001 - the boundary: every failure is one line and a status
-        code, line = _classify(exc)
+        code, line = classify(exc)
         _close_progress_bars()
         if debug:
             traceback.print_exception(exc, file=sys.stderr)

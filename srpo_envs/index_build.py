@@ -128,7 +128,7 @@ def _dense_encoder(model: str | None, max_seq_length: int = 256) -> tuple[Any, d
     return encoder, settings
 
 
-def _build_bm25(out: Path, fingerprint: str, n: int, threads: int, say: Callable[[str], None]) -> Path:
+def build_bm25(out: Path, fingerprint: str, n: int, threads: int, say: Callable[[str], None]) -> Path:
     from srpo_envs.retrievers.bm25 import MARKER, lucene_settings, publish_lucene_index, run_lucene_indexer
 
     settings = lucene_settings()
@@ -251,7 +251,7 @@ def build_index(
     fingerprint, n, shards = _write_shards(src, root, batch_size, progress)
     n_threads = threads or max(1, min(8, os.cpu_count() or 1))
     if backend == "bm25":
-        built = _build_bm25(root, fingerprint, n, n_threads, say)
+        built = build_bm25(root, fingerprint, n, n_threads, say)
     else:
         built = _build_dense(root, fingerprint, n, shards, model, embed_batch, progress)
     seconds = time.perf_counter() - t0

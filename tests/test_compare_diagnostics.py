@@ -65,7 +65,7 @@ def test_ablation_and_compare_pass_off_policy_settings(monkeypatch) -> None:  # 
     import benchmarks.compare_cli as compare_cli
 
     seen: list[dict] = []
-    monkeypatch.setattr(compare_cli, "_run_compare", lambda *a, **kw: seen.append(a[5]))
+    monkeypatch.setattr(compare_cli, "run_compare", lambda *a, **kw: seen.append(a[5]))
     args = [
         "--model",
         "m",
@@ -111,7 +111,7 @@ def test_compare_defaults_are_the_suites_bench_quick_settings(monkeypatch) -> No
     )
 
     seen: list[tuple] = []
-    monkeypatch.setattr(compare_cli, "_run_compare", lambda *a, **kw: seen.append((a[5], a[6], a[7])))
+    monkeypatch.setattr(compare_cli, "run_compare", lambda *a, **kw: seen.append((a[5], a[6], a[7])))
 
     def run(*args: str) -> tuple:
         res = CliRunner().invoke(cli.app, ["compare", "--model", "m", *args])
@@ -165,7 +165,7 @@ def test_seeds_default_to_the_power_sized_preset(monkeypatch) -> None:  # noqa: 
     from benchmarks.presets import COMPARE_DEFAULTS, DECISION_SEEDS
 
     seen: list[list[int]] = []
-    monkeypatch.setattr(compare_cli, "_run_compare", lambda *a, **kw: seen.append(a[3]))
+    monkeypatch.setattr(compare_cli, "run_compare", lambda *a, **kw: seen.append(a[3]))
     for cmd in (["compare"], ["ablation"]):
         res = CliRunner().invoke(cli.app, [*cmd, "--model", "m", "--suite", "quick-columns-routed"])
         assert res.exit_code == 0, res.output

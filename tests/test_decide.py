@@ -355,7 +355,7 @@ def test_tables_print_whole_when_stdout_is_not_a_terminal(capsys) -> None:  # no
     table comes out whole (pytest's captured stdout is not a terminal)."""
     from types import SimpleNamespace
 
-    from benchmarks.compare_cli import _print_comparison
+    from benchmarks.compare_cli import print_comparison
 
     table = pd.DataFrame(
         [
@@ -387,7 +387,7 @@ def test_tables_print_whole_when_stdout_is_not_a_terminal(capsys) -> None:  # no
             ).row()
         ]
     )
-    _print_comparison(SimpleNamespace(table=table, decisions=decisions), "a title")
+    print_comparison(SimpleNamespace(table=table, decisions=decisions), "a title")
     out = capsys.readouterr().out
     assert "…" not in out
     assert out.count("0.612 ± 0.044") == 24 and "variant-with-a-long-name-2" in out
@@ -403,10 +403,10 @@ def test_decision_runs_evaluate_the_whole_held_out_split_with_k_4() -> None:
     from benchmarks.presets import DECISION_SEEDS
 
     for suite in DECISION_SEEDS:
-        k, limit = compare_cli._eval_settings(suite, None, None)
+        k, limit = compare_cli.eval_settings(suite, None, None)
         assert k >= 4, suite
         assert limit >= max(suite_problems(suite).values()), suite
-    assert compare_cli._eval_settings("quick-columns", 2, 16) == (2, 16)  # options given beat the preset
+    assert compare_cli.eval_settings("quick-columns", 2, 16) == (2, 16)  # options given beat the preset
 
 
 def test_search_decision_runs_train_in_many_worlds_for_64_filtered_iterations(monkeypatch) -> None:  # noqa: ANN001

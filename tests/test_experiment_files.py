@@ -206,7 +206,7 @@ def compare_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple, dict]]:
     import benchmarks.compare_cli as compare_cli
 
     calls: list[tuple[tuple, dict]] = []
-    monkeypatch.setattr(compare_cli, "_run_compare", lambda *a, **kw: calls.append((a, kw)))
+    monkeypatch.setattr(compare_cli, "run_compare", lambda *a, **kw: calls.append((a, kw)))
     return calls
 
 
@@ -248,7 +248,7 @@ def test_saved_experiment_reruns_the_same_comparison(compare_calls: list, tmp_pa
            "--set", "train.kl_coef=0.02", "--env-kwarg", "max_turns=2")  # fmt: skip
     first_args, first_kw = compare_calls[-1]
     saved = tmp_path / "experiment.toml"
-    saved.write_text(first_kw["experiment"])  # what _run_compare writes to OUT/experiment.toml
+    saved.write_text(first_kw["experiment"])  # what run_compare writes to OUT/experiment.toml
     _bench("compare", "--config", str(saved))
     again_args, again_kw = compare_calls[-1]
     assert again_args == first_args

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from srpo_cli.app import EXIT_CODES, _classify, main
+from srpo_cli.app import EXIT_CODES, classify, main
 from srpo_common.errors import ExternalServiceError, retry_after_seconds
 from tests._openai_standin import StandIn
 
@@ -139,7 +139,7 @@ def test_retrieval_server_failures_are_external_and_name_the_url() -> None:
         remote.search(["q"], 1)
     exc = info.value
     assert isinstance(exc, ExternalServiceError) and exc.status == 503
-    code, line = _classify(exc)
+    code, line = classify(exc)
     assert code == EXTERNAL
     assert line.startswith("error: the retrieval server at http://retriever:8000/retrieve failed (HTTP 503)")
     assert "index loading" in line and "check that server" in line
@@ -161,7 +161,7 @@ def test_retrieval_server_failures_are_external_and_name_the_url() -> None:
     with pytest.raises(RemoteRetrieverError, match=r"retry after 300s \(Retry-After\)") as info:
         remote.search(["q"], 1)
     assert time.perf_counter() - t0 < 5 and info.value.status == 429  # stopped at once, no 300 s sleep
-    assert "rerun in 300s or more" in _classify(info.value)[1]
+    assert "rerun in 300s or more" in classify(info.value)[1]
 
 
 def test_env_server_failures_are_external_and_name_the_url() -> None:
@@ -175,7 +175,7 @@ def test_env_server_failures_are_external_and_name_the_url() -> None:
         RemoteEnv("http://envs:8100", "ProcArith-v0", client=client)
     exc = info.value
     assert isinstance(exc, ConnectionError)  # what callers caught before
-    code, line = _classify(exc)  # a ConnectionError is an OSError: it used to read "the system failed" (4)
+    code, line = classify(exc)  # a ConnectionError is an OSError: it used to read "the system failed" (4)
     assert code == EXTERNAL
     assert line.startswith("error: the env server at http://envs:8100/sessions failed (HTTP 502)")
     assert "srpo serve-env" in line
@@ -188,7 +188,7 @@ def test_env_server_failures_are_external_and_name_the_url() -> None:
 
 
 def test_our_own_bugs_are_still_internal_errors_and_the_table_has_the_new_status() -> None:
-    code, line = _classify(KeyError("oops"))
+    code, line = classify(KeyError("oops"))
     assert code == 70 and "report it" in line
     assert EXTERNAL in EXIT_CODES and "external service" in EXIT_CODES[EXTERNAL]
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -203,6 +203,6 @@ def test_the_exit_status_table_names_classes_that_exist() -> None:
 
     from srpo_cli import app
 
-    for module, name in (*app._INPUT_ERRORS, app._NONFINITE):
+    for module, name in (*app.INPUT_ERRORS, app.NONFINITE_ERROR):
         cls = getattr(importlib.import_module(module), name, None)
         assert isinstance(cls, type) and issubclass(cls, BaseException), f"{module}.{name} is no exception class"

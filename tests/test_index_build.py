@@ -52,12 +52,12 @@ def test_interrupted_build_resumes_from_its_shards(tmp_path: Path, monkeypatch: 
     import srpo_envs.index_build as ib
 
     corpus = _write_corpus(tmp_path / "c.jsonl")
-    real = ib._build_bm25
+    real = ib.build_bm25
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ib, "_build_bm25", crash)
+    monkeypatch.setattr(ib, "build_bm25", crash)
     with pytest.raises(KeyboardInterrupt):
         build_index(corpus, tmp_path / "idx", batch_size=16, threads=1, progress=False)
     shards = sorted((tmp_path / "idx" / "shards").glob("docs-*.jsonl"))
@@ -69,7 +69,7 @@ def test_interrupted_build_resumes_from_its_shards(tmp_path: Path, monkeypatch: 
         seen.extend(s.stat().st_mtime_ns for s in sorted(out.glob("shards/docs-*.jsonl")))
         return real(out, *args, **kwargs)
 
-    monkeypatch.setattr(ib, "_build_bm25", resume)
+    monkeypatch.setattr(ib, "build_bm25", resume)
     build_index(corpus, tmp_path / "idx", batch_size=16, threads=1, progress=False)
     assert seen == stamps  # the shards of the interrupted build were reused, not rewritten
     assert not (tmp_path / "idx" / "shards").exists() and open_index(tmp_path / "idx").search(["word5"], 1)[0]

@@ -117,8 +117,8 @@ def test_bench_eval_model_hub_id_offline_says_not_cached(monkeypatch, tmp_path: 
 
 
 def test_paper_k_defaults() -> None:
-    from benchmarks.compare_cli import _eval_k
+    from benchmarks.compare_cli import suite_eval_k
     from benchmarks.suites import SUITES
 
     assert SUITES["math"].default_k == 16 and SUITES["math-routed"].default_k == 16
-    assert _eval_k("math", None) == 16 and _eval_k("quick-columns", None) == 2 and _eval_k("math", 4) == 4
+    assert suite_eval_k("math", None) == 16 and suite_eval_k("quick-columns", None) == 2 and suite_eval_k("math", 4) == 4

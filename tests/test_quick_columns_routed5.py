@@ -59,12 +59,12 @@ def test_bench_quick_finds_the_warm_start_option_of_every_suite() -> None:
     from pathlib import Path
 
     from benchmarks import presets
-    from benchmarks.quick_cli import _given_warm_start
+    from benchmarks.quick_cli import given_warm_start
 
     math, search, columns = Path("m"), Path("s"), Path("c")
     expected = {"quick-columns-routed5": columns, "quick-search-routed": search, "quick-math": math}
     for suite in presets.QUICK_SETTINGS:
         family = presets.TRAINING_ENVS[suite].recipe
-        got = _given_warm_start(family, math, search, columns)
+        got = given_warm_start(family, math, search, columns)
         assert got == {"math": math, "search": search, "columns": columns}[family.split("-")[0].rstrip("5")]
         assert got == expected.get(suite, got)

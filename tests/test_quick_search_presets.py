@@ -101,7 +101,7 @@ def test_a_quick_setting_beside_train_is_refused_not_ignored(
 def test_every_quick_setting_is_read() -> None:
     """Every key of every shipped QUICK_SETTINGS entry is one bench quick reads."""
     for suite in presets.QUICK_SETTINGS:
-        assert quick_cli._quick_settings(suite) is presets.QUICK_SETTINGS[suite]
+        assert quick_cli.quick_settings(suite) is presets.QUICK_SETTINGS[suite]
 
 
 def test_running_from_another_checkout_is_flagged(tmp_path: Path) -> None:
@@ -129,8 +129,8 @@ def test_the_main_job_runs_routed_columns_and_search_each_with_its_seeds(
         runs.append((name, list(seeds), Path(warm).name))
         return None
 
-    monkeypatch.setattr(compare_cli, "_run_compare", fake_compare)
-    monkeypatch.setattr(quick_cli, "_merge_quick_outputs", lambda out, results: {})
+    monkeypatch.setattr(compare_cli, "run_compare", fake_compare)
+    monkeypatch.setattr(quick_cli, "merge_quick_outputs", lambda out, results: {})
     res = CliRunner().invoke(cli.app, ["quick", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert runs == [

@@ -8,7 +8,7 @@ import pytest
 from benchmarks.presets import QUICK_SETTINGS, TRAINING_ENVS
 from benchmarks.suites import QUICK_SEARCH_MAX_SEARCHERS, QUICK_SEARCH_MEMBER_COST, SUITES
 from learners.presets import RECIPES
-from learners.sft import SFTConfig, _training_worlds
+from learners.sft import SFTConfig, training_worlds
 
 pytest.importorskip("pyserini")
 
@@ -16,7 +16,7 @@ pytest.importorskip("pyserini")
 @pytest.mark.parametrize("suite", ["quick-search", "quick-search-routed"])
 def test_search_suites_evaluate_in_worlds_no_training_saw(suite: str) -> None:
     env = TRAINING_ENVS[suite]
-    sft_worlds = {w for stage in RECIPES[env.recipe] for w in _training_worlds(SFTConfig(**stage))}
+    sft_worlds = {w for stage in RECIPES[env.recipe] for w in training_worlds(SFTConfig(**stage))}
     rl_world = int(env.env_kwargs["kb_seed"])
     eval_worlds = {int(ds.env_kwargs["kb_seed"]) for ds in SUITES[suite].datasets}
     assert eval_worlds and not eval_worlds & (sft_worlds | {rl_world})

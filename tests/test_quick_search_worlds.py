@@ -5,7 +5,7 @@ from __future__ import annotations
 from benchmarks.presets import QUICK_SEARCH_TRAIN_KB_SEED, TRAINING_ENVS
 from benchmarks.suites import SUITES
 from learners.presets import RECIPES
-from learners.sft import SFTConfig, _training_worlds
+from learners.sft import SFTConfig, training_worlds
 from srpo_envs.tasks.knowledge_base import make_knowledge_base
 
 
@@ -21,7 +21,7 @@ def _rl_world() -> int:
 def test_quick_search_evaluates_in_worlds_neither_sft_nor_rl_trained_in() -> None:
     recipe = TRAINING_ENVS["quick-search"].recipe
     assert recipe == "search-worlds"
-    sft_worlds = {w for stage in RECIPES[recipe] for w in _training_worlds(SFTConfig(**stage))}
+    sft_worlds = {w for stage in RECIPES[recipe] for w in training_worlds(SFTConfig(**stage))}
     rl_world = _rl_world()
     assert rl_world == QUICK_SEARCH_TRAIN_KB_SEED
     assert _eval_worlds() and not _eval_worlds() & (sft_worlds | {rl_world})

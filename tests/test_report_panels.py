@@ -39,9 +39,9 @@ def _frames() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def test_one_row_per_suite_with_the_delta_in_the_legend(tmp_path: Path, monkeypatch) -> None:
     figures = []
-    save = report._save_png
+    save = report.save_png
     monkeypatch.setattr(
-        report, "_save_png", lambda fig, path, dpi: (figures.append(fig), save(fig, path, dpi))[1]
+        report, "save_png", lambda fig, path, dpi: (figures.append(fig), save(fig, path, dpi))[1]
     )
     curves, heldout = _frames()
     out = report.plot_suite_panels(curves, heldout, tmp_path / "curves.png", title="t")
@@ -64,12 +64,12 @@ def test_missing_columns_are_rejected(tmp_path: Path) -> None:
 def test_bench_quick_draws_one_row_per_suite(tmp_path: Path, monkeypatch) -> None:
     """``bench quick``'s merge step feeds every suite's curves and held-out runs to the panels."""
     from benchmarks.compare import ComparisonResult
-    from benchmarks.quick_cli import _merge_quick_outputs
+    from benchmarks.quick_cli import merge_quick_outputs
 
     figures = []
-    save = report._save_png
+    save = report.save_png
     monkeypatch.setattr(
-        report, "_save_png", lambda fig, path, dpi: (figures.append(fig), save(fig, path, dpi))[1]
+        report, "save_png", lambda fig, path, dpi: (figures.append(fig), save(fig, path, dpi))[1]
     )
     curves, heldout = _frames()
     results = {
@@ -82,7 +82,7 @@ def test_bench_quick_draws_one_row_per_suite(tmp_path: Path, monkeypatch) -> Non
         )
         for name in ("quick-math", "quick-search")
     }
-    paths = _merge_quick_outputs(tmp_path, results)
+    paths = merge_quick_outputs(tmp_path, results)
     assert paths["curves"] == tmp_path / "curves.png" and paths["curves"].is_file()
     titles = [ax.get_title(loc="left") for ax in figures[0].axes]
     assert titles == [

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from learners.sft import SFTConfig, _premature, _training_worlds, build_search_examples
+from learners.sft import SFTConfig, _premature, build_search_examples, training_worlds
 from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE, make_knowledge_base
 
 
@@ -24,8 +24,8 @@ def test_premature_answer_replaces_only_the_request_for_the_bridge() -> None:
 
 
 def test_training_worlds_never_include_an_evaluation_world() -> None:
-    assert _training_worlds(SFTConfig(domain="search", kb_seed=3)) == [3]
-    worlds = _training_worlds(SFTConfig(domain="search", kb_worlds=3, eval_kb_seeds=(0, 1)))
+    assert training_worlds(SFTConfig(domain="search", kb_seed=3)) == [3]
+    worlds = training_worlds(SFTConfig(domain="search", kb_worlds=3, eval_kb_seeds=(0, 1)))
     assert worlds == [SFT_WORLD_SEED_BASE, SFT_WORLD_SEED_BASE + 1, SFT_WORLD_SEED_BASE + 2]
     with pytest.raises(ValueError, match="overlap the training worlds"):
         SFTConfig(domain="search", kb_worlds=3, eval_kb_seeds=(SFT_WORLD_SEED_BASE + 2,))

@@ -67,14 +67,14 @@ def test_cli_typo_is_a_usage_error() -> None:
 def test_bench_compare_passes_logger_to_every_run() -> None:
     from typer.testing import CliRunner
 
-    from benchmarks.compare_cli import _with_logger
+    from benchmarks.compare_cli import with_logger
     from learners.trainer import TrainConfig
     from srpo_cli.app import app
 
-    train = _with_logger({"iterations": 2}, " console,mlflow")
+    train = with_logger({"iterations": 2}, " console,mlflow")
     assert train == {"iterations": 2, "logger": "console,mlflow"}
     assert TrainConfig(model="m", **train).logger == ("console", "mlflow")  # as train_and_evaluate builds it
-    assert _with_logger({"iterations": 2}, None) == {"iterations": 2}  # not given: the config is unchanged
+    assert with_logger({"iterations": 2}, None) == {"iterations": 2}  # not given: the config is unchanged
     for command in ("compare", "ablation"):
         result = CliRunner().invoke(app, ["bench", command, "--model", "m", "--logger", "tensorbord"])
         assert result.exit_code == 2

@@ -365,10 +365,10 @@ def test_full_disk_is_one_line_exit_4(tmp_path: Path, capsys, monkeypatch) -> No
     # ``srpo train`` on a full disk: safetensors raises its own error with the OS error in the text
     from safetensors import SafetensorError
 
-    from srpo_cli.app import _classify
+    from srpo_cli.app import classify
 
     text = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left" })'
-    code, line = _classify(SafetensorError(text))
+    code, line = classify(SafetensorError(text))
     assert code == 4 and line.startswith("error: disk full")
 
 
@@ -389,9 +389,9 @@ def test_debug_shows_the_traceback(tmp_path: Path, capsys, monkeypatch) -> None:
     assert code == 70 and err.startswith("internal error: KeyError") and "Traceback" not in err
     code, _, err = _srpo([*args, "--debug"], capsys)
     assert code == 70 and "Traceback" in err and "boom" in err
-    from srpo_cli.app import _classify
+    from srpo_cli.app import classify
 
-    assert _classify(RecursionError("x"))[0] == 2
+    assert classify(RecursionError("x"))[0] == 2
 
 
 # ------------------------------------------------------------------------------ 4. bounded checks
