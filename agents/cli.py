@@ -8,6 +8,14 @@ from typing import Annotated
 
 import typer
 
+import srpo_envs
+from agents.corpus import CORPORA
+from agents.model_source import ModelNotAvailable, resolve_model
+from agents.openai_policy import parse_model_spec, served_policies
+from agents.policy import PolicyMap, SamplingParams
+from agents.rollout import RolloutCollector
+from agents.tiny import SIZES, init_tiny
+
 app = typer.Typer(help="Local models: build tiny test models.", no_args_is_help=True)
 
 
@@ -32,8 +40,6 @@ def init_tiny_cmd(
 
     The directory loads with AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT).
     """
-    from agents.corpus import CORPORA
-    from agents.tiny import SIZES, init_tiny
 
     if size not in SIZES:
         raise typer.BadParameter(f"--size must be one of {', '.join(SIZES)}")
@@ -65,11 +71,6 @@ def llm_demo(
     ``episodes`` episodes of an env; every recorded event is printed as for the scripted teams."""
     import json
 
-    import srpo_envs
-    from agents.openai_policy import parse_model_spec, served_policies
-    from agents.policy import PolicyMap, SamplingParams
-    from agents.rollout import RolloutCollector
-
     served = parse_model_spec(model)
     if served is not None:
         if not base_url:
@@ -80,7 +81,6 @@ def llm_demo(
             raise typer.BadParameter(str(exc), param_hint="--base-url") from None
     else:
         from agents.hf import HFPolicy
-        from agents.model_source import ModelNotAvailable, resolve_model
 
         try:
             policies = PolicyMap.shared(HFPolicy(str(resolve_model(model))))

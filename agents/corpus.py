@@ -17,6 +17,9 @@ from __future__ import annotations
 import random
 
 from agents.scripted import ScriptedTeam
+from srpo_envs.math_verify import MathVerifyEnv
+from srpo_envs.search import MultiTurnSearchEnv
+from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE, make_knowledge_base
 
 #: Special tokens, in id order (ids 0..3).
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
@@ -30,7 +33,6 @@ CORPORA = ("math", "search", "search-worlds")
 
 def math_corpus(n: int = 4000, seed: int = 0) -> list[str]:
     """Texts of the math envs: every math workflow played by a noisy scripted team on procedural tasks."""
-    from srpo_envs.math_verify import MathVerifyEnv
 
     texts: list[str] = []
     rng = random.Random(seed)
@@ -65,8 +67,6 @@ def search_corpus(n: int = 4000, seed: int = 0, kb_seed: int = 0, worlds: int = 
     tokenizer splits seen and unseen worlds' names alike (~4.8). Its teacher writes names with
     ``copy_spacing``, as the ``search-worlds`` recipe's teacher does.
     """
-    from srpo_envs.search import MultiTurnSearchEnv
-    from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE, make_knowledge_base
 
     if worlds < 0:
         raise ValueError(f"worlds must be >= 0, got {worlds}")

@@ -22,6 +22,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from agents.ray_rollout import HFPolicyFactory, VLLMPolicyFactory
+
 __all__ = ["ENGINES", "LOCAL_ENGINES", "check_engine", "engine_factory", "engine_gpus", "local_engine"]
 
 #: every generation engine, as ``--backend`` names it
@@ -75,7 +77,6 @@ def engine_factory(
     ``hf``: :class:`agents.ray_rollout.HFPolicyFactory` (``sharing`` shared / per-role / lora, on
     ``device`` in ``dtype``). ``vllm``: :class:`agents.ray_rollout.VLLMPolicyFactory`, one shared engine
     per worker (its weights are pushed as full state dicts, so only ``sharing=shared``)."""
-    from agents.ray_rollout import HFPolicyFactory, VLLMPolicyFactory
 
     check_engine(backend, LOCAL_ENGINES)
     if backend == "vllm":

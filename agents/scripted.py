@@ -13,7 +13,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from srpo_envs.base import parse_route
 from srpo_envs.grading import extract_answer, grade
+from srpo_envs.qa_metrics import exact_match, normalize_answer
+from srpo_envs.search import oracle_query
 
 Behaviour = Callable[[str, str, Mapping[str, Any]], str]
 
@@ -108,7 +111,6 @@ class ScriptedTeam:
         The aggregator answers a gold answer only if it appears in the retrieved text, so the team's
         EM measures what the searchers found, not what the oracle knows.
         """
-        from srpo_envs.search import oracle_query
 
         def search(agent: str, obs: str, info: Mapping[str, Any]) -> str:
             index = int(agent.rpartition("_")[2]) if agent[-1].isdigit() else 0
@@ -236,7 +238,6 @@ def _candidates(obs: str) -> list[str]:
 
 def _gold_in_evidence(answers: Sequence[str], obs: str) -> str | None:
     """The first gold answer that appears (SQuAD-normalised, as whole words) in the retrieved text."""
-    from srpo_envs.qa_metrics import normalize_answer
 
     evidence = f" {normalize_answer(obs.split('<information>', 1)[-1])} "
     for gold in answers:
@@ -259,8 +260,6 @@ def search_teacher_correct(env: Any, role: str, text: str) -> bool:
     Searcher queries and aggregator search requests must name a gold passage's title; aggregator
     answers must match a gold answer (SQuAD exact match); a router's route must be one the env accepts.
     """
-    from srpo_envs.base import parse_route
-    from srpo_envs.qa_metrics import exact_match
 
     base = env.unwrapped
     if role == "router":

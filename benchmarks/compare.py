@@ -31,7 +31,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from agents.hf import HFPolicy
 from agents.policy import PolicyMap, SamplingParams
+from agents.ray_rollout import ensure_ray, shutdown_ray
 from benchmarks import decide
 from benchmarks.decide import (  # noqa: F401
     START,
@@ -41,15 +43,27 @@ from benchmarks.decide import (  # noqa: F401
     write_decisions,
 )
 from benchmarks.evaluate import EvalResult, evaluate
+from benchmarks.evidence import record_evidence
 from benchmarks.options import RUN_FIELDS
 from benchmarks.paper import paper_tables, run_from_result, write_paper
 from benchmarks.presets import ABLATIONS, ALGORITHMS  # noqa: F401  (ABLATIONS re-exported)
-from benchmarks.report import format_mean_std, mean_std, plot_learning_curves, to_markdown, write_csv
+from benchmarks.report import (
+    format_mean_std,
+    mean_std,
+    plot_k_over_training,
+    plot_learning_curves,
+    to_markdown,
+    write_csv,
+)
 from benchmarks.strata import strata_frame, strata_markdown, suite_strata, write_strata
+from leaderboards.evidence import samples_path
+from leaderboards.render import write_leaderboard
+from leaderboards.schema import canonical_json, make_record
 from learners import checkpoint as ckpt
 from learners import metrics_log
+from learners.config import flat_to_sections
 from learners.trainer import TrainConfig, Trainer
-from srpo_common import atomic_write_text, weights_sha256
+from srpo_common import atomic_write_bytes, atomic_write_text, weights_sha256
 
 
 @dataclass
@@ -354,7 +368,6 @@ def evaluate_start(cfg: CompareConfig, seed: int, torch_threads: int = 0) -> Eva
         import torch
 
         torch.set_num_threads(torch_threads)
-    from agents.hf import HFPolicy
 
     result = _run_eval(cfg, PolicyMap.shared(HFPolicy(cfg.model)), seed, START_LABEL)
     _release()
@@ -373,8 +386,6 @@ def _jobs(cfg: CompareConfig, say: Callable[[str], None]) -> Iterator[tuple[tupl
     starts = [("start", seed) for seed in cfg.seeds]
     runs = [(name, seed) for name in cfg.variants for seed in cfg.seeds]
     if cfg.workers <= 0:
-        from agents.hf import HFPolicy
-
         start = PolicyMap.shared(HFPolicy(cfg.model))
         for key in starts:
             yield key, _run_eval(cfg, start, key[1], START_LABEL)
@@ -382,7 +393,6 @@ def _jobs(cfg: CompareConfig, say: Callable[[str], None]) -> Iterator[tuple[tupl
         for name, seed in runs:
             yield (name, seed), train_and_evaluate(cfg, name, cfg.variants[name], seed)
         return
-    from agents.ray_rollout import ensure_ray, shutdown_ray
 
     threads = worker_threads(cfg.workers)
     started_here = not _ray_initialized()
@@ -468,7 +478,6 @@ def run_comparison(cfg: CompareConfig, log: Callable[[str], None] | None = print
     if (
         cfg.workflow == "routed" and not k_df.empty
     ):  # the router chooses K: its mean and histogram over training
-        from benchmarks.report import plot_k_over_training
 
         paths["k_counts"] = write_csv(k_df, out / "k_over_training.csv")
         paths["k_over_training"] = plot_k_over_training(
@@ -603,8 +612,6 @@ def _write_outputs(
 
 def _records(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) -> list[Any]:
     """One leaderboard record per variant: per-dataset metrics averaged over seeds."""
-    from benchmarks.evidence import record_evidence
-    from leaderboards.schema import make_record
 
     weights = weights_sha256(cfg.model)
     records = []
@@ -616,7 +623,6 @@ def _records(cfg: CompareConfig, evals: Mapping[tuple[str, int], EvalResult]) ->
         info = results[0].run_info
         config: dict[str, Any] = {"compare": asdict(cfg), "variant": cfg.variants.get(name, {"algo": "none"})}
         if name in cfg.variants:  # the variant's resolved training config, in the experiment-file sections
-            from learners.config import flat_to_sections
 
             run = asdict(variant_train_config(cfg, name, cfg.variants[name], cfg.seeds[0]))
             config["train"] = flat_to_sections({k: v for k, v in run.items() if k not in ("out_dir", "seed")})
@@ -668,10 +674,6 @@ def write_records(
     ``decisions`` (suite -> rows of :func:`decisions_of`) goes to ``decisions.json`` beside it and onto
     the pages as plain data (the leaderboard package imports no benchmark code).
     """
-    from leaderboards.evidence import samples_path
-    from leaderboards.render import write_leaderboard
-    from leaderboards.schema import canonical_json
-    from srpo_common import atomic_write_bytes
 
     for rec in records:
         if rec.evidence is None:

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from benchmarks import presets
+from benchmarks.model_source import ModelNotAvailable, resolve_model
 from benchmarks.options import (
     OPTION_NAMES,
     AlgoCompareOptions,
@@ -27,8 +28,10 @@ from benchmarks.options import (
     with_staleness,
 )
 from benchmarks.options import layout as options_layout
-from benchmarks.presets import COMPARE_DEFAULTS, TRAINING_ENVS, TrainingEnv
+from benchmarks.presets import ABLATIONS, COMPARE_DEFAULTS, TRAINING_ENVS, TrainingEnv
+from benchmarks.suites import SUITES, get_suite
 from learners.dynamic_sampling import FILTER_SIGNALS
+from learners.tracking import parse_loggers
 from srpo_common import atomic_write_text
 from srpo_common.cli import dataclass_command
 
@@ -101,7 +104,6 @@ def run_compare(
     """One comparison; ``env_kwargs`` replace keys of the suite's training env (decision runs: more worlds).
     ``experiment``: the resolved options as an experiment file, written to ``OUT/experiment.toml`` first."""
     from benchmarks.compare import CompareConfig, check_continuation, reference_of, run_comparison
-    from benchmarks.model_source import ModelNotAvailable, resolve_model
 
     env = training_env(suite)
     try:
@@ -217,7 +219,6 @@ def with_logger(train: dict[str, Any], logger: str | None) -> dict[str, Any]:
     """``train`` with ``--logger`` as its ``logger`` override (checked here: a typo fails before any run)."""
     if logger is None:
         return train
-    from learners.tracking import parse_loggers
 
     try:
         return {**train, "logger": ",".join(parse_loggers(logger))}
@@ -227,7 +228,6 @@ def with_logger(train: dict[str, Any], logger: str | None) -> dict[str, Any]:
 
 def suite_eval_k(suite: str, k: int | None) -> int:
     """``--k`` as given, else the suite's paper default (16 for math) or the quick default (2)."""
-    from benchmarks.suites import get_suite
 
     if k is not None:
         return k
@@ -313,7 +313,6 @@ def compare_cmd(opts: AlgoCompareOptions) -> None:
 def ablation_cmd(opts: CompareOptions) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1, each decided against
     the reference (decisions.md / decisions.csv)."""
-    from benchmarks.presets import ABLATIONS
 
     _compare_from_options(
         opts, dict(ABLATIONS), COMPARE_DEFAULTS["ablation_seeds"], "SRPO normalisation ablation"
@@ -337,7 +336,6 @@ def report_cmd(
     from benchmarks.decide import decision_frame, write_decisions  # light: no torch import
     from benchmarks.paper import load_runs, paper_tables, write_paper
     from benchmarks.strata import strata_frame, strata_markdown, suite_strata, write_strata
-    from benchmarks.suites import SUITES
 
     try:
         runs = load_runs(run_dirs)
@@ -381,7 +379,6 @@ def power_cmd(opts: PowerOptions) -> None:
     1, 2 and 5 points and the minimum detectable difference (power.md)."""
     from benchmarks.evidence import suite_problems
     from benchmarks.power import power_report
-    from srpo_common import atomic_write_text
 
     suite, out, from_dir, eval_k, eval_limit = opts.suite, opts.out, opts.from_dir, opts.eval_k, opts.eval_limit
     names = [v.strip() for v in opts.variants.split(",") if v.strip()]

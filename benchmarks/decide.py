@@ -45,6 +45,8 @@ import pandas as pd
 from scipy import optimize, stats
 
 from benchmarks.metrics import per_problem
+from benchmarks.report import to_markdown, write_csv
+from srpo_common import atomic_write_text
 
 __all__ = [
     "ALPHA",
@@ -782,8 +784,6 @@ def write_decisions(decisions: pd.DataFrame, out: str | Path, title: str) -> dic
     """``decisions.csv`` (every number) and ``decisions.md`` (the formatted table and how to read it)."""
     if decisions.empty:
         return {}
-    from benchmarks.report import write_csv
-    from srpo_common import atomic_write_text
 
     out = Path(out)
     return {
@@ -807,7 +807,6 @@ def legend(decisions: pd.DataFrame) -> str:
 
 def decisions_markdown(decisions: pd.DataFrame, title: str) -> str:
     """The decision table as markdown, with the margin, level and what MDE means spelled out."""
-    from benchmarks.report import to_markdown
 
     parts = []
     for reference, rows in decisions.groupby("reference", sort=False):

@@ -14,8 +14,16 @@ from typing import Annotated, Any
 
 import typer
 
+from agents.engines import engine_factory, engine_gpus, local_engine
+from agents.openai_policy import parse_model_spec, served_policies
+from agents.policy import PolicyMap, SamplingParams
+from agents.ray_rollout import RemotePolicy, RolloutWorkerPool
+from benchmarks.model_source import ModelNotAvailable, resolve_model
 from benchmarks.options import parse_seeds
-from srpo_common import parse_kv, weights_sha256
+from benchmarks.suites import get_suite
+from leaderboards.schema import dump_record_json
+from srpo_common import atomic_write_text, parse_kv, weights_sha256
+from srpo_envs.index_build import read_manifest
 
 
 def _parse_env_kwargs(items: list[str] | None) -> dict[str, Any]:
@@ -132,9 +140,7 @@ def eval_cmd(
     ] = "OPENAI_API_KEY",
 ) -> None:
     """Evaluate MODEL (shared by every role) on a suite; print the table and write results."""
-    from agents.policy import PolicyMap, SamplingParams
     from benchmarks.evaluate import evaluate, print_table
-    from benchmarks.suites import get_suite
 
     try:
         the_suite = get_suite(suite)
@@ -147,8 +153,6 @@ def eval_cmd(
                 f"{workflow!r} does not apply to dataset {ds.name!r}; choose one of {', '.join(ds.workflows)}",
                 param_hint="--workflow",
             )
-    from agents.openai_policy import parse_model_spec
-    from benchmarks.model_source import ModelNotAvailable, resolve_model
 
     served = parse_model_spec(model)  # openai:NAME: a served model, no local weights
     if served is not None:
@@ -171,8 +175,6 @@ def eval_cmd(
         if index is not None and retriever_url is not None:
             raise typer.BadParameter("pass --index or --retriever-url, not both")
         if index is not None:
-            from srpo_envs.index_build import read_manifest
-
             try:
                 read_manifest(index)
             except (FileNotFoundError, ValueError) as exc:
@@ -193,8 +195,6 @@ def eval_cmd(
     weights = weights_sha256(model_dir) if served is None else None
     collector_factory = None
     if served is not None:
-        from agents.openai_policy import served_policies
-
         try:
             policy = served_policies(
                 served,
@@ -209,8 +209,6 @@ def eval_cmd(
             # OpenAIServerError: srpo's external-service exit status, naming the server (srpo_cli.app)
             raise typer.BadParameter(str(exc), param_hint="--base-url") from None
     elif workers > 0:  # the model lives in the Ray workers only; the driver keeps a stand-in for identities
-        from agents.engines import engine_factory, engine_gpus
-        from agents.ray_rollout import RemotePolicy, RolloutWorkerPool
 
         factory = engine_factory(backend, model_dir, device=device if backend == "hf" else None)
         pool = RolloutWorkerPool(factory, workers, ray_address=ray_address, num_gpus=engine_gpus(backend))
@@ -219,7 +217,6 @@ def eval_cmd(
         def collector_factory(env_fn, _policies, sampling):  # noqa: ANN001, ANN202 - evaluate's protocol
             return pool.collector(env_fn, sampling)
     else:  # in this process (agents.engines: the choice training rollouts make too)
-        from agents.engines import local_engine
 
         policy = local_engine(backend, model_dir, **({"dtype": vllm_dtype} if backend == "vllm" else {"device": device}))
     name = method or algorithm or (model_dir.resolve().name if local else model)
@@ -272,8 +269,6 @@ def eval_cmd(
             result = results[0]
     if algorithm is not None:
         from benchmarks.evidence import record_evidence
-        from leaderboards.schema import dump_record_json
-        from srpo_common import atomic_write_text
 
         record = result.to_record(  # the per-sample evidence goes to OUT/samples/<sha256>.jsonl
             algorithm,

@@ -47,10 +47,14 @@ import numpy as np
 import pandas as pd
 
 from agents.policy import Policy, PolicyMap, SamplingParams
+from agents.rollout import RolloutCollector
 from benchmarks.metrics import macro_row, metrics_to_record_dict, per_dataset, validate_samples
+from benchmarks.report import make_console, plot_k_histogram
 from benchmarks.suites import Suite, SuiteDataset, get_suite, task_fingerprint
 from leaderboards.evidence import reward_consistent
+from leaderboards.schema import git_commit, make_record, package_version
 from srpo_common import atomic_write_bytes, atomic_write_text
+from srpo_envs.search import episode_retrieved_ids
 
 if TYPE_CHECKING:
     from leaderboards.schema import LeaderboardRecord
@@ -150,7 +154,6 @@ class EvalResult:
         :func:`benchmarks.evidence.record_evidence` returns: ``to_record(..., **record_evidence([r], out))``
         (evidence builds on this module, not the reverse: the import-linter contract in pyproject.toml).
         """
-        from leaderboards.schema import make_record
 
         if model_id is None and weights_sha256 is None and "weights_path" not in kwargs:
             raise ValueError("a leaderboard record needs model_id= or weights_sha256= (or weights_path=)")
@@ -210,8 +213,6 @@ class EvalResult:
             out / f"{stem}_samples.csv", flat.to_csv(index=False, lineterminator="\n")
         )
         if self.workflow == "routed":
-            from benchmarks.report import plot_k_histogram
-
             values = {str(ds): grp["ks"].map(team_k).to_numpy() for ds, grp in self.samples.groupby("dataset")}
             paths["k_histogram"] = plot_k_histogram(
                 values,
@@ -314,7 +315,6 @@ def evidence_recall(task: Any, events: Sequence[Any]) -> float | None:
     Why: a search team can fail by not finding the evidence or by misreading what it found; exact
     match alone cannot tell them apart, and an attempt that retrieved every gold passage bounds what
     better reading could answer."""
-    from srpo_envs.search import episode_retrieved_ids
 
     gold = list((getattr(task, "meta", None) or {}).get("gold_passage_ids") or [])
     if not gold:
@@ -519,8 +519,6 @@ def evaluate(
         raise ValueError(f"k must be a positive integer, got {k!r}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    from agents.rollout import RolloutCollector
-    from leaderboards.schema import git_commit, package_version
 
     policy_map = policies if isinstance(policies, PolicyMap) else PolicyMap.shared(policies)
     the_suite = get_suite(suite)
@@ -715,8 +713,6 @@ def _progress_bar(total: int, desc: str, enabled: bool) -> Any:
 def print_table(result: EvalResult, console: Any = None) -> Any:
     """Print the per-dataset table and the macro row with rich; returns the ``rich.table.Table``."""
     from rich.table import Table
-
-    from benchmarks.report import make_console
 
     console = console or make_console()
     ks = result.ks

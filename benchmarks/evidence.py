@@ -22,11 +22,15 @@ from typing import Any
 
 import numpy as np
 
+from agents.policy import PolicyMap, SamplingParams
+from agents.rollout import RolloutCollector
 from benchmarks.evaluate import EvalResult, _dataset_seed, sample_records
 from benchmarks.suites import SUITES, Suite, SuiteDataset, get_suite
 from leaderboards.evidence import SampleSet, write_samples
 from leaderboards.schema import LeaderboardRecord
 from srpo_common import weights_sha256
+from srpo_envs.grading import grade
+from srpo_envs.qa_metrics import exact_match
 
 __all__ = [
     "BUNDLED_DATASET_SHA256",
@@ -224,11 +228,8 @@ class SuiteGrader:
     def _grade(self, suite: str, dataset: str, task_index: int, answer: str | None) -> tuple[bool, float]:
         task = self._problems(suite, dataset)[task_index]
         if self._dataset(suite, dataset).family == "math":
-            from srpo_envs.grading import grade
-
             correct = grade(answer, task.answer) if answer is not None else False
             return bool(correct), 1.0 if correct else 0.0
-        from srpo_envs.qa_metrics import exact_match
 
         em = exact_match(answer, list(task.answers)) if answer is not None else 0.0
         return bool(em), float(em)
@@ -255,8 +256,6 @@ class ReproduceReport:
 
 
 def _sampling(spec: Mapping[str, Any]) -> Any:
-    from agents.policy import SamplingParams
-
     if "temperature" in spec or "max_new_tokens" in spec:
         return SamplingParams(**spec)
     return {role: SamplingParams(**params) for role, params in spec.items()}
@@ -304,8 +303,6 @@ def reproduce(
                 f"env kwarg {key!r} was an object ({value}); it cannot be rebuilt from the record"
             )
     from agents.hf import HFPolicy
-    from agents.policy import PolicyMap
-    from agents.rollout import RolloutCollector
 
     suite = get_suite(header["suite"]).select(header["datasets"])
     by_name = {ds.name: ds for ds in suite.datasets}

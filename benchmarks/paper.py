@@ -33,8 +33,9 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.decide import START
+from benchmarks.evaluate import team_k
 from benchmarks.metrics import bootstrap_ci, bootstrap_macro_ci, per_problem, seed_summary
-from benchmarks.report import _pyplot, save_png, to_markdown, write_csv
+from benchmarks.report import _pyplot, plot_k_histogram, save_png, to_markdown, write_csv
 from srpo_common import atomic_write_text
 
 __all__ = ["EvalRun", "PaperTables", "load_runs", "paper_tables", "run_from_result", "write_paper"]
@@ -256,7 +257,6 @@ def _long(method: str, metric: str, dataset: str, s: pd.Series, lo: float, hi: f
 
 def _cost_table(runs: Sequence[EvalRun], methods: list[str]) -> pd.DataFrame:
     """Mean K, team tokens, tool calls per problem and truncation rate (macro over benchmarks), ± seeds."""
-    from benchmarks.evaluate import team_k
 
     rows = []
     for r in runs:
@@ -294,7 +294,6 @@ def _cost_table(runs: Sequence[EvalRun], methods: list[str]) -> pd.DataFrame:
 
 def k_histograms(runs: Sequence[EvalRun]) -> dict[str, np.ndarray]:
     """Method -> the team size K of every sample (all seeds, all benchmarks), for a K histogram."""
-    from benchmarks.evaluate import team_k
 
     out: dict[str, list[int]] = {}
     for r in runs:
@@ -346,8 +345,6 @@ def write_paper(
     if runs is not None:
         hist = k_histograms(runs)
         if any(len(np.unique(v)) > 1 for v in hist.values()) or any(r.workflow == "routed" for r in runs):
-            from benchmarks.report import plot_k_histogram
-
             paths["k_histogram"] = plot_k_histogram(
                 hist, out / "k_histogram.png", title=f"{pt.suite}: team size K per attempt"
             )

@@ -11,10 +11,12 @@ from typing import Any
 
 import typer
 
+from agents.ray_rollout import ensure_ray, shutdown_ray
 from benchmarks import compare_cli, presets
 from benchmarks.compare_cli import RAY_ADDRESS_HELP, REFERENCE_HELP, WORKERS_HELP, training_env
 from benchmarks.options import parse_seeds
-from benchmarks.presets import QUICK_SUITES, QUICK_WORKERS
+from benchmarks.presets import ALGORITHMS, QUICK_SUITES, QUICK_WORKERS
+from srpo_common import atomic_write_text
 
 
 def quick_cmd(
@@ -52,7 +54,6 @@ def quick_cmd(
         training_env(name)
     with contextlib.ExitStack() as stack:
         if workers > 0:  # one Ray for every suite's runs (each compare would otherwise start its own)
-            from agents.ray_rollout import ensure_ray, shutdown_ray
             from benchmarks.compare import worker_threads
 
             ensure_ray(ray_address, num_cpus=workers * worker_threads(workers))
@@ -89,7 +90,6 @@ def _quick_suites(
     reference: str | None = None,
 ) -> dict[str, Any]:
     """Each suite of ``bench quick`` from its warm start: SRPO, GRPO and MAPPO x seeds, before/after."""
-    from benchmarks.presets import ALGORITHMS
 
     results: dict[str, Any] = {}
     for name in names:
@@ -161,7 +161,6 @@ def merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
 
     from benchmarks.compare import decisions_markdown, write_records
     from benchmarks.report import plot_suite_panels, to_markdown, write_csv
-    from srpo_common import atomic_write_text
 
     records = [r for res in results.values() for r in res.records]
     decisions = {name: res.decisions.to_dict(orient="records") for name, res in results.items()}

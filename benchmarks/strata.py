@@ -23,7 +23,9 @@ import pandas as pd
 
 from benchmarks import decide
 from benchmarks.evaluate import evidence_found, team_k
-from benchmarks.report import format_mean_std, mean_std
+from benchmarks.report import format_mean_std, mean_std, to_markdown, write_csv
+from benchmarks.suites import get_suite
+from srpo_common import atomic_write_text
 
 #: The task ``meta`` key strata are read from, and how a stratum is named in tables.
 STRATUM_KEY = "hops"
@@ -49,7 +51,6 @@ def problem_strata(
 def suite_strata(suite: str, limit: int | None = None) -> dict[tuple[str, str], str]:
     """:func:`problem_strata` of the problems a run of ``suite`` evaluates (the first ``limit`` per
     dataset); only search datasets are read (math tasks carry no hops, and loading them costs)."""
-    from benchmarks.suites import get_suite
 
     datasets = [d for d in get_suite(suite).datasets if d.family == "search"]
     return problem_strata({d.name: d.load_tasks(limit) for d in datasets})
@@ -142,7 +143,6 @@ def _pt(x: float, signed: bool = False) -> str:
 
 def strata_markdown(frame: pd.DataFrame, title: str) -> str:
     """The table as markdown: accuracy in percent ± std over seeds, gains with their 95% interval."""
-    from benchmarks.report import to_markdown
 
     gains = frame.reindex(columns=["gain", "gain_low", "gain_high", "gain_verdict"])  # NaN: no gain
     shown = pd.DataFrame(
@@ -184,8 +184,6 @@ def write_strata(frame: pd.DataFrame, out: str | Path, title: str) -> dict[str, 
     """``by_hop.csv`` (every number) and ``by_hop.md``; nothing when the suite has no strata."""
     if frame.empty:
         return {}
-    from benchmarks.report import write_csv
-    from srpo_common import atomic_write_text
 
     out = Path(out)
     return {

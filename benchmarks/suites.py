@@ -34,7 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import srpo_envs
 from srpo_common import plugins, sha256_json
+from srpo_envs.index_build import index_corpus_info
+from srpo_envs.tasks import math_data, search_data
+from srpo_envs.tasks.knowledge_base import make_knowledge_base
+from srpo_envs.tasks.math_data import load_math
+from srpo_envs.tasks.search_data import bundled_corpus_sha256, load_qa, sha256_file
 
 __all__ = [
     "MATH_WORKFLOWS",
@@ -150,8 +156,6 @@ class SuiteDataset:
         n = self.effective_limit(limit)
         kwargs = dict(self.env_kwargs)
         if self.family == "math":
-            from srpo_envs.tasks.math_data import load_math
-
             if self.dataset.startswith("procedural"):
                 extra = {k: kwargs[k] for k in ("difficulty", "max_operand") if k in kwargs}
                 return load_math(self.dataset, split=self.split or "test", limit=n, **extra)
@@ -159,21 +163,14 @@ class SuiteDataset:
         if self.dataset == "kb":
             _, tasks = _knowledge_base(int(kwargs.get("kb_seed", 0)), self.split or "test")
             return list(tasks[:n]) if n is not None else list(tasks)
-        from srpo_envs.tasks.search_data import load_qa
 
         return load_qa(self.dataset, split=self.split, limit=n)
 
     def dataset_sha256(self, tasks: Sequence[Any] | None = None) -> str:
         """Provenance hash: the bundled/local file's bytes, or the generated tasks' canonical JSON."""
         if not self.generated:
-            if self.family == "math":
-                from srpo_envs.tasks import math_data as data
-
-                bundled: Mapping[str, str] = data.MATH_DATASETS
-            else:
-                from srpo_envs.tasks import search_data as data
-
-                bundled = data.SEARCH_DATASETS
+            data = math_data if self.family == "math" else search_data
+            bundled: Mapping[str, str] = math_data.MATH_DATASETS if data is math_data else search_data.SEARCH_DATASETS
             if self.dataset in bundled or Path(self.dataset).expanduser().is_file():
                 return data.dataset_sha256(self.dataset)
         return tasks_sha256(tasks if tasks is not None else self.load_tasks())
@@ -199,8 +196,6 @@ class SuiteDataset:
         if self.split is not None:
             kwargs.setdefault("split", self.split)
         if self.env_id is not None:
-            import srpo_envs
-
             env_id = self.env_id
 
             def build(**kw: Any) -> Any:
@@ -240,15 +235,11 @@ class SuiteDataset:
             retriever_name = type(retriever).__name__
         corpus = kwargs.get("corpus")
         if kwargs.get("index") is not None:
-            from srpo_envs.index_build import index_corpus_info
-
             return index_corpus_info(kwargs["index"])
         if "retriever_url" in kwargs or retriever == "remote" or not isinstance(retriever, str):
             return {"retriever": retriever_name, "corpus": "external", "corpus_sha256": None}
         if corpus is not None:
             if isinstance(corpus, str | bytes) or hasattr(corpus, "__fspath__"):
-                from srpo_envs.tasks.search_data import sha256_file
-
                 path = Path(corpus).expanduser()  # type: ignore[arg-type]
                 return {"retriever": retriever_name, "corpus": path.name, "corpus_sha256": sha256_file(path)}
             return {
@@ -264,14 +255,12 @@ class SuiteDataset:
                 "corpus": f"kb(seed={seed},n={len(passages)})",
                 "corpus_sha256": _passages_sha256(passages),
             }
-        from srpo_envs.tasks.search_data import bundled_corpus_sha256
 
         return {"retriever": retriever_name, "corpus": "bundled", "corpus_sha256": bundled_corpus_sha256()}
 
 
 def _knowledge_base(seed: int, split: str) -> tuple[list[Any], list[Any]]:
     """``(passages, tasks)`` of the procedural KB."""
-    from srpo_envs.tasks.knowledge_base import make_knowledge_base
 
     passages, tasks = make_knowledge_base(seed=seed, split=split)
     return list(passages), list(tasks)

@@ -18,11 +18,12 @@ from typing import Annotated
 
 import typer
 
+import srpo_envs
 from agents.model_source import ModelNotAvailable
-from learners.algorithms import ALGORITHMS
+from learners.algorithms import ALGORITHMS, get_algorithm
 from learners.checkpoint import CheckpointError
 from learners.config import TRAIN_SECTIONS, train_layout
-from learners.memory_plan import GIB, MemoryPlanError
+from learners.memory_plan import GIB, MemoryPlanError, PlanOptions, load_model_shape, plan_memory
 from learners.profiles import profile
 from learners.served import LogprobMismatchError
 from learners.trainer import TrainConfig, run_summary, train
@@ -119,9 +120,6 @@ def train_command(
 
 def _print_plan(cfg: TrainConfig, gpu_gb: float | None, gpus: int, response_share: float | None = None) -> int:
     """``--plan-only``: the plan of ``cfg`` on ``gpus`` GPUs of ``gpu_gb`` GiB; 0 when it fits, else 1."""
-    import srpo_envs
-    from learners.algorithms import get_algorithm
-    from learners.memory_plan import PlanOptions, load_model_shape, plan_memory
 
     if gpus < 1:
         raise typer.BadParameter(f"--plan-gpus must be >= 1, got {gpus}")

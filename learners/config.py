@@ -49,9 +49,10 @@ from learners.distributed import DP_ENGINES
 from learners.dynamic_sampling import FILTER_SIGNALS
 from learners.losses import AGG_MODES, EVENT_NORMS, get_policy_loss
 from learners.scale import BACKENDS, TIS_MODES
+from learners.served import SHARED_REFUSAL
 from learners.staleness import STALENESS_CORRECTIONS
 from learners.tracking import parse_loggers
-from srpo_common import plugins
+from srpo_common import atomic_write_text, plugins
 from srpo_common.cli import field_docs
 from srpo_common.config_file import ConfigFileError, Layout, shipped_experiment
 from srpo_common.fieldcheck import check_fields
@@ -155,7 +156,6 @@ _SECTION_METHODS: dict[str, dict[str, Any]] = {"update": {"rows_per_minibatch": 
 
 def derived(cfg: TrainConfig) -> Derived:
     """The :class:`Derived` values of ``cfg`` (use ``cfg.derived``: computed once per config)."""
-    from learners.algorithms import get_algorithm
 
     spec = get_algorithm(cfg.algo)
     return Derived(
@@ -316,7 +316,6 @@ def write_run_config(cfg: TrainConfig, out_dir: str | Path | None = None) -> Pat
     A config TOML cannot hold (a ``None`` inside ``env_kwargs``: TOML has no null) warns and writes
     nothing instead of stopping the run; checkpoints keep the config as JSON either way. A previous
     run's ``config.toml`` in the same directory is then removed: left there, it would rerun another run."""
-    from srpo_common import atomic_write_text
 
     path = Path(out_dir or cfg.out_dir) / "config.toml"
     try:
@@ -709,9 +708,6 @@ class TrainConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "openai":
-            from learners.served import (
-                SHARED_REFUSAL,  # its module loads the OpenAI client: backend=openai only
-            )
 
             if not self.base_url:
                 raise ValueError("backend=openai needs base_url (the vLLM server's API root, .../v1)")

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from learners.batching import EventTable
+from srpo_envs.grading import grading_stats
 
 __all__ = ["GradingMonitor", "k_stats"]
 
@@ -61,8 +62,6 @@ class GradingMonitor:
 
     @staticmethod
     def _read() -> dict[str, float]:
-        from srpo_envs.grading import grading_stats
-
         return {k: float(v) for k, v in grading_stats().items()}
 
     def delta(self) -> dict[str, float]:

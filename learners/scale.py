@@ -43,7 +43,16 @@ import torch
 
 from agents.engines import ENGINES, engine_factory, engine_gpus, local_engine
 from agents.policy import PolicyMap, SamplingParams
+from agents.ray_rollout import (
+    RolloutWorkerPool,
+    distinct_models,
+    load_model_states,
+    merge_batches,
+    model_states,
+    split_tasks,
+)
 from agents.rollout import RolloutBatch, RolloutCollector
+from agents.vllm import PER_ROLE_REFUSAL, sync_rollout_engine, vllm_lora_policy_map
 from learners.batching import MiniBatch, shard_minibatch
 from learners.distributed import (
     DistContext,
@@ -60,6 +69,7 @@ from learners.distributed import (
     load_full_optimizer_state,
 )
 from learners.offpolicy import mismatch_metrics, refuse_stale_events, tis_weights_and_stats
+from learners.served import ServedAdapters, check_logprobs, request_sampling, served_rollout_policies
 from learners.staleness import admit_rows, decoupled_correction
 
 __all__ = ["BACKENDS", "TIS_MODES", "ScaleHost", "ScaleOut"]
@@ -176,7 +186,6 @@ class ScaleOut:
         if self.scale_cfg.rollout_workers > 0:
             if not self.dist.is_main:
                 return None, None  # rank 0 collects and broadcasts
-            from agents.ray_rollout import RolloutWorkerPool
 
             on_gpu = host.device.type == "cuda"
             # vLLM workers take the run's dtype; HF workers hold float32 masters (float64 for exact tests)
@@ -209,8 +218,6 @@ class ScaleOut:
         if self.fsdp and self.engine_cfg.backend == "hf":
             policies = self.rollout_copy = self._policy_factory()()
         if self.engine_cfg.backend == "vllm":
-            from agents.vllm import PER_ROLE_REFUSAL, vllm_lora_policy_map
-
             if self.policy_cfg.sharing == "per-role":
                 raise ValueError(PER_ROLE_REFUSAL)
             lora = self.policy_cfg.sharing == "lora"  # one engine, a LoRA adapter per role (agents.vllm)
@@ -240,7 +247,6 @@ class ScaleOut:
                 else PolicyMap.shared(engine, host.roles)
             )
         if self.engine_cfg.backend == "openai":  # a vLLM server: a LoRA adapter per role, pushed over HTTP
-            from learners.served import ServedAdapters, served_rollout_policies
 
             self.served = ServedAdapters(os.path.join(self.run_cfg.out_dir, "served-adapters"))
             policies = self.rollout_policies = served_rollout_policies(
@@ -271,7 +277,6 @@ class ScaleOut:
             return broadcast_object(batch, self.dist)
         if not self.dist.enabled:
             return collector.collect(tasks, group_size, seed=seed)
-        from agents.ray_rollout import merge_batches, split_tasks
 
         chunks = split_tasks(tasks, self.dist.world_size)
         mine = chunks[self.dist.rank] if self.dist.rank < len(chunks) else []
@@ -289,7 +294,6 @@ class ScaleOut:
         raises :class:`learners.served.LogprobMismatchError` with the numbers beyond the tolerance. The
         learner's recompute is of its current weights, so an asynchronous run probes in the learner's
         thread before its generator starts (the generator serves older versions)."""
-        from learners.served import check_logprobs, request_sampling
 
         self._probed = True
         rows = self._collect(collector, [task], 1, seed).rows
@@ -338,16 +342,12 @@ class ScaleOut:
             self._synced = versions
             return
         if self.pool is not None:
-            from agents.ray_rollout import model_states
-
             # vLLM workers of a bf16 run hold bf16 weights: ship them as such (half the bytes)
             engine_dtype = torch.bfloat16 if self.engine_cfg.backend == "vllm" and self.policy_cfg.dtype == "bfloat16" else None
             self.pool.load_weights(model_states(host.policies, dtype=engine_dtype), versions)
         if self.rollout_policies is not None and self.engine_cfg.backend == "openai":
             self.served.sync(self.rollout_policies, host.policies, force=self._synced is None)
         elif self.rollout_policies is not None:
-            from agents.vllm import sync_rollout_engine
-
             # shared: the full weights; sharing=lora: each role's adapter whose version moved (all of
             # them at the first sync: the engine starts from the checkpoint on disk)
             sync_rollout_engine(self.rollout_policies, host.policies, force=self._synced is None)
@@ -435,8 +435,6 @@ class ScaleOut:
         # runs) differ by the update itself, which the decoupled objective weighs and rollout/mismatch_kl shows
         gated = [i for i, r in enumerate(rows) if int(r.policy_version) == version(r)]
         if self.engine_cfg.backend == "openai" and gated:
-            from learners.served import check_logprobs, request_sampling
-
             check_logprobs(
                 [rows[i].behaviour_logprobs for i in gated],
                 [recomputed[i] for i in gated],
@@ -584,7 +582,6 @@ class ScaleOut:
         """
         if not self.fsdp:
             return self.host.distinct_models()
-        from agents.ray_rollout import distinct_models, load_model_states
 
         self.sync_weights()
         if self.rollout_copy is not None:
@@ -615,7 +612,6 @@ class ScaleOut:
 
     def _sync_full_weights(self, versions: list[int]) -> None:
         """FSDP2: gather the full weights (every rank) and load them into this rank's rollout engines."""
-        from agents.ray_rollout import load_model_states
 
         states = self.model_states()
         if self.rollout_copy is not None:

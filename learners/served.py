@@ -43,8 +43,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents.openai_policy import OpenAIPolicy
+from agents.openai_policy import NEUTRAL_SAMPLING, NEUTRAL_VLLM_SAMPLING, OpenAIPolicy
 from agents.policy import PolicyMap
+from agents.ray_rollout import distinct_models
 
 #: Why ``--backend openai`` needs ``--sharing lora``.
 SHARED_REFUSAL = (
@@ -114,7 +115,6 @@ def check_logprobs(
 
 def request_sampling(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The sampling fields every rollout request carries: the neutral set, then the user's ``extra``."""
-    from agents.openai_policy import NEUTRAL_SAMPLING, NEUTRAL_VLLM_SAMPLING
 
     return {**NEUTRAL_SAMPLING, **NEUTRAL_VLLM_SAMPLING, **dict(extra or {})}
 
@@ -149,7 +149,6 @@ class ServedAdapters:
         serves the older version its batch is bound to while the learner updates the live weights; an
         adapter's name is its role and version, so a snapshot's and the live model's adapter of one
         version are the same adapter."""
-        from agents.ray_rollout import distinct_models
         from agents.vllm import save_lora_adapter
 
         policies = learner.policies

@@ -32,10 +32,15 @@ from agents.hf import HFPolicy, encode_request
 from agents.policy import GenerationRequest, PolicyMap, SamplingParams
 from agents.prompts import RolePrompts
 from agents.rollout import RolloutCollector
-from agents.scripted import ScriptedTeam
+from agents.scripted import ScriptedTeam, search_teacher_correct
+from agents.tiny import init_tiny
 from learners.presets import RECIPES
 from srpo_common import atomic_write_text
 from srpo_envs.grading import extract_answer, grade
+from srpo_envs.math_verify import MathVerifyEnv
+from srpo_envs.search import SEARCH_WORKFLOWS, MultiTurnSearchEnv, episode_retrieved_ids, prebuild_kb_indexes
+from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE, make_knowledge_base
+from srpo_envs.tasks.math_data import PROCEDURAL_FAMILIES
 from srpo_envs.tasks.procedural import slipped_solution
 
 #: What an SFT run teaches: every role of the math envs, or the searchers and aggregator of the KB search env.
@@ -127,11 +132,8 @@ class SFTConfig:
     length: search prompts vary 3x in length and padding otherwise doubles the cost of a step."""
 
     def __post_init__(self) -> None:
-        from srpo_envs.tasks.math_data import PROCEDURAL_FAMILIES
-
         if self.domain not in SFT_DOMAINS:
             raise ValueError(f"domain must be one of {SFT_DOMAINS}, got {self.domain!r}")
-        from srpo_envs.search import SEARCH_WORKFLOWS
 
         if self.search_workflow not in SEARCH_WORKFLOWS:
             raise ValueError(
@@ -166,7 +168,6 @@ def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list
     """(prompt ids, target ids, role) from scripted teacher play on the domain's train split."""
     if cfg.domain == "search":
         return build_search_examples(tokenizer, cfg)
-    from srpo_envs.math_verify import MathVerifyEnv
 
     prompts = RolePrompts("math")
     end = _end_id(tokenizer)
@@ -213,7 +214,6 @@ def _example(
 
 def training_worlds(cfg: SFTConfig) -> list[int]:
     """kb_seed of every world the search teacher plays in."""
-    from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE
 
     if cfg.kb_worlds == 0:
         return [cfg.kb_seed]
@@ -242,8 +242,6 @@ def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int
     ``premature_answer`` habit. With ``kb_worlds`` each episode is played in one of many invented
     worlds (one env per world, built once; their BM25 indexes are built up front, many per JVM).
     """
-    from agents.scripted import search_teacher_correct
-    from srpo_envs.search import MultiTurnSearchEnv, prebuild_kb_indexes
 
     prompts = RolePrompts("search")
     end = _end_id(tokenizer)
@@ -391,7 +389,6 @@ def procedural_accuracy(
     dataset: str = "procedural",
 ) -> float:
     """Team accuracy on ``n`` procedural *test* problems (one sample each)."""
-    from srpo_envs.math_verify import MathVerifyEnv
 
     def env_fn() -> MathVerifyEnv:
         return MathVerifyEnv(
@@ -420,7 +417,6 @@ def kb_accuracy(
 
 def subject_retrieved(events: Sequence[Any], passage_id: str) -> bool:
     """Whether any search event of an episode (``env.events``) retrieved the passage ``passage_id``."""
-    from srpo_envs.search import episode_retrieved_ids
 
     return passage_id in episode_retrieved_ids(events)
 
@@ -441,8 +437,6 @@ def kb_search_stats(
     whose first-hop passage (the subject's: a copy of the name the question gives) was retrieved, which
     tells a team that cannot search from one that cannot read what it found.
     """
-    from srpo_envs.search import MultiTurnSearchEnv
-    from srpo_envs.tasks.knowledge_base import make_knowledge_base
 
     def env_fn() -> MultiTurnSearchEnv:
         return MultiTurnSearchEnv(dataset="kb", split="test", kb_seed=kb_seed)
@@ -582,7 +576,6 @@ def warm_start(out_dir: str | os.PathLike[str], recipe: str = "math", log: Any =
 
     The untrained model goes to ``<out_dir>-init``, intermediate passes to ``<out_dir>-passN``.
     """
-    from agents.tiny import init_tiny
 
     if recipe not in RECIPES:
         raise ValueError(f"no recipe {recipe!r}; known: {sorted(RECIPES)}")

@@ -48,10 +48,12 @@ from typing import Any
 import numpy as np
 import torch
 
+import srpo_envs
 from agents.hf import HFPolicy, enable_gradient_checkpointing
 from agents.lora import default_lora_config, lora_policy_map
 from agents.model_source import resolve_model
 from agents.policy import PolicyMap, SamplingParams
+from agents.ray_rollout import distinct_models, load_model_states
 from agents.rollout import RolloutBatch, RolloutCollector
 from learners import checkpoint as ckpt
 from learners import config as config_sections
@@ -71,6 +73,7 @@ from learners.critic import ValueCritic
 from learners.diagnostics import GradingMonitor
 from learners.distributed import broadcast_object
 from learners.forward import PolicyForward, generation_autocast
+from learners.memory_plan import PlanOptions, check_memory, load_model_shape, plan_memory
 from learners.rollout_phase import RolloutPhase
 from learners.run_state import RunState
 from learners.scale import ScaleOut
@@ -154,7 +157,6 @@ class Trainer:
         ``reward``: ``reward(outcome, env) -> float``, the team reward of each training episode instead
         of the env's own (:attr:`srpo_envs.base.EventParallelEnv.reward_fn`); evaluation still counts the
         env's ``correct``."""
-        import srpo_envs
 
         self.cfg = cfg
         self.log = log or (lambda s: None)
@@ -271,7 +273,6 @@ class Trainer:
     def distinct_models(self) -> list[HFPolicy]:
         """One policy per distinct model object (LoRA views of one base count once), in the order weight
         snapshots and Ray workers name them (``model<i>``: :func:`agents.ray_rollout.distinct_models`)."""
-        from agents.ray_rollout import distinct_models
 
         return distinct_models(self.policies)
 
@@ -340,7 +341,6 @@ class Trainer:
         """GPU runs: the memory plan of this run on this rank's GPU, logged before the model loads; one
         that does not fit is a :class:`learners.memory_plan.MemoryPlanError` (unless not ``memory_check``)
         that lists what would fit, instead of an out-of-memory error minutes in."""
-        from learners.memory_plan import PlanOptions, check_memory, load_model_shape, plan_memory
 
         options = PlanOptions.from_train_config(
             self.cfg, len(self.roles), self.dist.world_size, critic=self.algorithm.critic
@@ -527,7 +527,6 @@ class Trainer:
         """``max_staleness >= 1``: the generator thread (:mod:`learners.async_rollout`) with its own copy of
         the policies and its own rollout phase, started from the current weights and, on resume, from the
         older ones the checkpoint carried. The generator uses one torch thread, the learner the rest."""
-        from agents.ray_rollout import load_model_states
 
         if self.dist.enabled:
             raise ValueError("max_staleness >= 1 runs in one process; under torchrun train with max_staleness 0")

@@ -40,8 +40,18 @@ from typing import Any
 import click
 import typer
 
+import srpo_envs
+from agents.cli import app as model_app
+from agents.cli import llm_demo
+from agents.scripted import ScriptedTeam
+from benchmarks.cli import app as bench_app
+from leaderboards.cli import app as leaderboard_app
+from leaderboards.cli import configure
+from learners.cli import train_command
+from learners.sft_cli import sft_command, warm_start_command
 from srpo_common import plugins
 from srpo_common.interrupt import interrupted_line
+from srpo_envs.cli import app as envs_app
 
 
 def _clicks(name: str) -> tuple[type[BaseException], ...]:
@@ -97,7 +107,6 @@ def _options(
 @app.command("envs")
 def list_envs() -> None:
     """List registered env ids."""
-    import srpo_envs
 
     for env_id, spec in sorted(srpo_envs.registry.items()):
         typer.echo(f"{env_id:32s} {spec.description}")
@@ -122,12 +131,8 @@ def demo(
     max_new_tokens: int = typer.Option(128, min=1, help="LLM team: tokens per output"),
 ) -> None:
     """Roll out a scripted team (or an LLM team: --model) on real data and print every recorded event."""
-    import srpo_envs
-    from agents.scripted import ScriptedTeam
 
     if model is not None:
-        from agents.cli import llm_demo
-
         llm_demo(
             model,
             base_url=base_url,
@@ -164,12 +169,6 @@ def demo(
 
 def _wire() -> None:
     """Attach each package's command group (kept in the package that owns the commands)."""
-    from agents.cli import app as model_app
-    from benchmarks.cli import app as bench_app
-    from leaderboards.cli import app as leaderboard_app
-    from learners.cli import train_command
-    from learners.sft_cli import sft_command, warm_start_command
-    from srpo_envs.cli import app as envs_app
 
     model_app.command("sft")(sft_command)
     model_app.command("warm-start")(warm_start_command)
@@ -185,7 +184,6 @@ def _wire() -> None:
 def _wire_leaderboard_hooks() -> None:
     """``leaderboards`` may not import env or model code, so the grader that ``validate`` regrades with
     and the sample re-generator of ``reproduce`` are passed in here (imported only when used)."""
-    from leaderboards.cli import configure
 
     def grader() -> object:
         from benchmarks.evidence import SuiteGrader

@@ -17,6 +17,11 @@ from typing import TYPE_CHECKING
 
 import typer
 
+import srpo_envs
+from srpo_envs.index_build import build_index, open_index
+from srpo_envs.retrievers import ServerLimits, make_retriever
+from srpo_envs.tasks.search_data import bundled_corpus_path
+
 if TYPE_CHECKING:
     from srpo_envs.retrievers import Retriever
 
@@ -79,7 +84,6 @@ def serve_retriever(
     ),
 ) -> None:
     """Serve POST /retrieve {"queries", "topk", "return_scores"} and GET /health (Search-R1 format)."""
-    from srpo_envs.retrievers import ServerLimits
     from srpo_envs.retrievers.server import serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -156,7 +160,6 @@ def serve_env(
         from srpo_envs.env_server import serve
     except ImportError as exc:  # fastapi/uvicorn come with the search extra
         raise typer.BadParameter(f"serve-env needs fastapi and uvicorn: pip install 'srpo[search]' ({exc})") from None
-    import srpo_envs
 
     unknown = [e for e in env or [] if e not in srpo_envs.registry]
     if unknown:
@@ -186,11 +189,7 @@ def build_retriever(
 ) -> Retriever:
     """The retriever ``serve-retriever`` serves (module-level, so a worker process can rebuild it)."""
     if index is not None:
-        from srpo_envs.index_build import open_index
-
         return open_index(index, corpus, threads=threads)
-    from srpo_envs.retrievers import make_retriever
-    from srpo_envs.tasks.search_data import bundled_corpus_path
 
     kwargs: dict[str, object] = {"cache_dir": cache_dir}
     if backend == Backend.dense:
@@ -217,7 +216,6 @@ def index_build(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Index CORPUS into OUT once; open it later with --index OUT (envs, bench eval, serve-retriever)."""
-    from srpo_envs.index_build import build_index
 
     if not corpus.is_file():
         raise typer.BadParameter(f"{corpus} does not exist", param_hint="--corpus")

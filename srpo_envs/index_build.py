@@ -37,11 +37,22 @@ from typing import Any
 
 from srpo_envs.retrievers.base import (
     Retriever,
+    atomic_write_bytes,
     atomic_write_text,
+    corpus_fingerprint,
     file_lock,
     iter_corpus_jsonl,
+    load_corpus_jsonl,
     settings_key,
 )
+from srpo_envs.retrievers.bm25 import (
+    MARKER,
+    BM25Retriever,
+    lucene_settings,
+    publish_lucene_index,
+    run_lucene_indexer,
+)
+from srpo_envs.retrievers.dense import DenseRetriever, default_dense_model, model_identity
 
 MANIFEST = "srpo_index.json"
 MANIFEST_FORMAT = 1
@@ -112,8 +123,6 @@ def _dense_encoder(model: str | None, max_seq_length: int = 256) -> tuple[Any, d
     """The encoder and cache settings :class:`srpo_envs.retrievers.dense.DenseRetriever` uses."""
     from sentence_transformers import SentenceTransformer
 
-    from srpo_envs.retrievers.dense import default_dense_model, model_identity
-
     name = model or default_dense_model()
     local = Path(name).expanduser().is_dir()
     encoder = SentenceTransformer(name, device="cpu", local_files_only=local)
@@ -129,8 +138,6 @@ def _dense_encoder(model: str | None, max_seq_length: int = 256) -> tuple[Any, d
 
 
 def build_bm25(out: Path, fingerprint: str, n: int, threads: int, say: Callable[[str], None]) -> Path:
-    from srpo_envs.retrievers.bm25 import MARKER, lucene_settings, publish_lucene_index, run_lucene_indexer
-
     settings = lucene_settings()
     key = settings_key(fingerprint, settings)
     target = out / "indexes" / f"bm25-{key[:32]}"
@@ -164,8 +171,6 @@ def _build_dense(
     import io
 
     import numpy as np
-
-    from srpo_envs.retrievers.base import atomic_write_bytes
 
     encoder, settings = _dense_encoder(model)
     cache = out / "dense" / f"emb-{settings_key(fingerprint, settings)[:32]}"
@@ -318,7 +323,6 @@ def open_index(
     with _OPEN_LOCK:
         if key in _OPEN:
             return _OPEN[key]
-        from srpo_envs.retrievers.base import corpus_fingerprint, load_corpus_jsonl
 
         passages = load_corpus_jsonl(src)
         if corpus_fingerprint(passages) != manifest["corpus_fingerprint"]:
@@ -326,13 +330,9 @@ def open_index(
                 f"{src} is not the corpus indexed in {root} (content hash differs); rebuild the index"
             )
         if manifest["backend"] == "bm25":
-            from srpo_envs.retrievers.bm25 import BM25Retriever
-
             retriever: Retriever = BM25Retriever(passages, cache_dir=root, threads=threads)
             built = retriever.index_built  # type: ignore[attr-defined]
         else:
-            from srpo_envs.retrievers.dense import DenseRetriever
-
             retriever = DenseRetriever(passages, cache_dir=root, model=manifest.get("model"))
             built = retriever.embeddings_built  # type: ignore[attr-defined]
         if built:  # the retriever could not find the build (e.g. another pyserini jar): say so

@@ -42,8 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from srpo_envs.base import EventParallelEnv, Parsed, Transition, parse_route
+from srpo_envs.index_build import open_index
 from srpo_envs.qa_metrics import exact_match, f1
+from srpo_envs.retrievers import corpus_fingerprint, make_retriever
 from srpo_envs.retrievers.base import Retriever
+from srpo_envs.retrievers.bm25 import build_lucene_indexes
+from srpo_envs.tasks.knowledge_base import make_knowledge_base
+from srpo_envs.tasks.search_data import bundled_corpus_path, load_qa
 
 _SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL | re.IGNORECASE)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -104,7 +109,6 @@ class MultiTurnSearchEnv(EventParallelEnv):
                 raise ValueError(
                     "index= names the corpus and backend; do not combine it with corpus/retriever_url"
                 )
-            from srpo_envs.index_build import open_index
 
             self.retriever = open_index(index) if not isinstance(retriever, Retriever) else retriever
         else:
@@ -341,8 +345,6 @@ def _load_tasks(
     fixed order) over one corpus of all their passages. Passage and task ids carry their world
     (``kb<seed>-...``), so evidence and gold ids never mix."""
     if dataset == "kb":
-        from srpo_envs.tasks.knowledge_base import make_knowledge_base
-
         seeds = [int(kb_seed)] if isinstance(kb_seed, int) else [int(s) for s in kb_seed]
         if not seeds or len(set(seeds)) != len(seeds):
             raise ValueError(f"kb_seed must be a world seed or distinct seeds, got {kb_seed!r}")
@@ -353,7 +355,6 @@ def _load_tasks(
             kb_tasks += world_tasks
         chosen = list(tasks) if tasks is not None else kb_tasks
         return chosen[:size] if size else chosen, passages
-    from srpo_envs.tasks.search_data import bundled_corpus_path, load_qa
 
     chosen = list(tasks) if tasks is not None else load_qa(dataset, split=split, limit=size)
     return chosen, bundled_corpus_path()
@@ -371,7 +372,6 @@ QUERY_CACHE = 4096
 def _make_retriever(retriever: Retriever | str, corpus: Any, url: str | None) -> Retriever:
     if isinstance(retriever, Retriever):
         return retriever
-    from srpo_envs.retrievers import corpus_fingerprint, make_retriever
 
     if url is not None or retriever == "remote":
         if url is None:
@@ -404,9 +404,6 @@ def prebuild_kb_indexes(kb_seeds: Sequence[int], cache_dir: str | Path | None = 
     per world (~3.3 s) would dominate a warm start that plays in a thousand worlds. Envs made afterwards
     (``dataset="kb"``, ``kb_seed`` in ``kb_seeds``, the default ``bm25`` retriever) find their index cached.
     """
-    from srpo_envs.retrievers import corpus_fingerprint
-    from srpo_envs.retrievers.bm25 import build_lucene_indexes
-    from srpo_envs.tasks.knowledge_base import make_knowledge_base
 
     corpora = []
     for seed in kb_seeds:

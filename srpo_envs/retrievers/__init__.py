@@ -21,6 +21,8 @@ from srpo_envs.retrievers.base import (
     load_corpus_jsonl,
     write_corpus_jsonl,
 )
+from srpo_envs.retrievers.bm25 import BM25Retriever
+from srpo_envs.retrievers.dense import DenseRetriever
 
 if TYPE_CHECKING:
     from srpo_envs.retrievers.bm25 import BM25Retriever
@@ -69,10 +71,7 @@ def make_retriever(
             "corpus pass srpo_envs.tasks.search_data.bundled_corpus_path()"
         )
     if backend == "bm25":
-        from srpo_envs.retrievers.bm25 import BM25Retriever
-
         return BM25Retriever(corpus, **kwargs)
-    from srpo_envs.retrievers.dense import DenseRetriever
 
     return DenseRetriever(corpus, **kwargs)
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import sys
 
+from srpo_envs.retrievers.jvm import ensure_jvm
+
 
 def main(argv: list[str]) -> int:
     threads, pairs = argv[0], argv[1:]
     if len(pairs) % 2:
         raise SystemExit("usage: THREADS INPUT_DIR INDEX_DIR [INPUT_DIR INDEX_DIR ...]")
-    from srpo_envs.retrievers.jvm import ensure_jvm
 
     ensure_jvm()
     from jnius import autoclass

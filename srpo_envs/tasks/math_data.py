@@ -24,6 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from srpo_envs.tasks.procedural import make_arithmetic_tasks, make_column_addition_tasks
+from srpo_envs.tasks.records import read_records
 from srpo_envs.tasks.task import MathTask
 
 #: Bundled name -> file in ``srpo_envs/data/math`` (see ATTRIBUTION.md there for provenance).
@@ -132,8 +134,6 @@ def load_math(
         elif split not in (None, "test", "all"):
             raise ValueError(f"bundled {source!r} is an evaluation set; split={split!r} does not exist")
     elif source.startswith("procedural"):
-        from srpo_envs.tasks.procedural import make_arithmetic_tasks, make_column_addition_tasks
-
         family, _, diff = source.partition(":")
         if family not in PROCEDURAL_FAMILIES:
             raise ValueError(f"unknown procedural family {family!r}; use one of {PROCEDURAL_FAMILIES}")
@@ -147,8 +147,6 @@ def load_math(
         else:
             tasks = make_arithmetic_tasks(split=split or "train", **procedural_kwargs)
     elif Path(source).expanduser().is_file():
-        from srpo_envs.tasks.records import read_records
-
         path = Path(source).expanduser()
         tasks = [_to_task(r, path.name.split(".")[0], i) for i, r in enumerate(read_records(str(path)))]
     else:
@@ -166,6 +164,5 @@ def _load_hub(dataset_id: str, split: str) -> list[MathTask]:
             f"unknown math dataset {dataset_id!r}: not bundled ({known}, procedural[:d]), "
             "not a local file, and not a hub id of the form owner/name"
         )
-    from srpo_envs.tasks.records import read_records
 
     return [_to_task(r, dataset_id, i) for i, r in enumerate(read_records(dataset_id, split))]

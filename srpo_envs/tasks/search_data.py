@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from srpo_envs.retrievers.base import atomic_write_bytes, default_cache_dir
+from srpo_envs.tasks.records import read_records
 
 #: Bundled name -> file in ``srpo_envs/data/search``. All are evaluation samples (dev/test).
 SEARCH_DATASETS: dict[str, str] = {
@@ -156,8 +157,6 @@ def load_qa(
             raise ValueError(f"bundled {source!r} is one evaluation sample; split={split!r} does not exist")
         tasks = list(_load_bundled(source))
     elif Path(source).expanduser().is_file():
-        from srpo_envs.tasks.records import read_records
-
         path = Path(source).expanduser()
         tasks = [_to_task(r, path.name.split(".")[0], i) for i, r in enumerate(read_records(str(path)))]
     else:
@@ -179,7 +178,6 @@ def _load_hub(dataset_id: str, split: str) -> list[QATask]:
             f"unknown QA dataset {dataset_id!r}: not bundled ({known}), not a local file, "
             "and not a hub id of the form owner/name"
         )
-    from srpo_envs.tasks.records import read_records
 
     return [_to_task(r, dataset_id, i) for i, r in enumerate(read_records(dataset_id, split))]
 
