@@ -11,3 +11,18 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v wrk >/dev/null 2>&1; th
 fi
 python3 -m pip install --upgrade-strategy only-if-needed -e ".[all]"
 python3 -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+# Other projects' own tools that test srpo's exports (tests/test_export.py), each in its own venv:
+# Every Eval Ever's validator: its wheel declares Python >= 3.12 and huggingface-hub < 2, neither of which
+# this machine's Python 3.11 environment can have (no 3.12 interpreter from the registries), so its code
+# runs on 3.11 with the four packages the validator imports; lm-eval (no dependencies of its own needed to
+# read results: its make_table over this environment's packages).
+if [ ! -x .venvs/eee/bin/python ]; then
+  python3 -m venv .venvs/eee
+  .venvs/eee/bin/python -m pip install -q --ignore-requires-python --no-deps "every-eval-ever==0.3.0"
+  .venvs/eee/bin/python -m pip install -q "pydantic>=2.12.5,<3" "jsonschema>=4.26,<5" "rich>=14,<15" "requests>=2.32.5,<3"
+fi
+if [ ! -x .venvs/lm-eval/bin/python ]; then
+  python3 -m venv --system-site-packages .venvs/lm-eval
+  .venvs/lm-eval/bin/python -m pip install -q --no-deps "lm-eval==0.4.13"
+  .venvs/lm-eval/bin/python -m pip install -q "pytablewriter>=1.2"
+fi

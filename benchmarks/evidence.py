@@ -188,6 +188,15 @@ class SuiteGrader:
             self._tasks[key] = self._dataset(suite, dataset).load_tasks()
         return self._tasks[key]
 
+    def question(self, suite: str, dataset: str, task_index: int) -> tuple[str, str]:
+        """(question, gold answer) of problem ``task_index`` of ``dataset``: what an exported instance
+        line shows as its input and reference (:mod:`leaderboards.export`); a search task's gold is its
+        first accepted answer."""
+        task = self._problems(suite, dataset)[task_index]
+        if hasattr(task, "problem"):
+            return str(task.problem), str(task.answer)
+        return str(task.question), str(task.answers[0]) if task.answers else ""
+
     def suite_problems(self, suite: str, protocol: str | None = None) -> dict[str, int]:
         whole = {ds.name: len(self._problems(suite, ds.name)) for ds in SUITES[suite].datasets}
         return whole if protocol is None else SUITES[suite].protocol_problems(protocol, whole)

@@ -12,6 +12,7 @@ _EXPORTS = {
     "LeaderboardStore": "leaderboards.store",
     "load_all": "leaderboards.store",
     "submit": "leaderboards.store",
+    "export_record": "leaderboards.export",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -22,7 +22,8 @@ import typer
 from srpo_common import atomic_write_text
 from srpo_common.jsonsafe import loads_bounded
 
-from .evidence import EvidenceError, SampleGrader, check_evidence, load_samples, samples_path
+from .evidence import EvidenceError, SampleGrader, SampleSet, check_evidence, load_samples, samples_path
+from .export import FORMATS, ExportError, export_record
 from .render import write_leaderboard
 from .reproduction import plan_reproduction
 from .schema import LeaderboardRecord, RecordValidationError, dump_record_json, load_record, load_records
@@ -159,6 +160,69 @@ def validate(
         lines.append(f"{len(bad)} of {len(results)} record(s) invalid")
         _fail(lines)
     typer.echo(f"{len(results)} record(s) valid")
+
+
+@app.command()
+def export(
+    file: Annotated[Path, typer.Argument(help="Record JSON file (or a results list, with --name).")],
+    fmt: Annotated[str, typer.Option("--format", help=f"One of: {', '.join(FORMATS)}.")],
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("export"),
+    name: Annotated[str | None, typer.Option(help="The record's name in a results list.")] = None,
+    samples: Annotated[
+        Path | None, typer.Option(help="Its sample file (default: FILE's dir/samples/<sha256>.jsonl).")
+    ] = None,
+    source_url: Annotated[
+        str | None, typer.Option(help="hf: where the record is published (the entry's source.url).")
+    ] = None,
+    dataset_id: Annotated[
+        str | None, typer.Option(help="hf: the Hub benchmark dataset of the suite (default: srpo/<suite>).")
+    ] = None,
+    organization: Annotated[str, typer.Option(help="eee: source_organization_name.")] = "srpo",
+    relationship: Annotated[
+        str, typer.Option(help="eee: evaluator_relationship (first_party, third_party, collaborative, other).")
+    ] = "first_party",
+    unverified: Annotated[
+        bool,
+        typer.Option(help="Export a record whose evidence is missing or does not check out, marked unverified."),
+    ] = False,
+) -> None:
+    """Export a validated record as Every Eval Ever JSON (+ instance JSONL), a Hub .eval_results YAML or
+    an lm-eval results JSON; a record whose evidence does not check out is refused (--unverified)."""
+    if fmt not in FORMATS:
+        _fail([f"error: --format must be one of {', '.join(FORMATS)}, got {fmt!r}"], code=2)
+    try:
+        record = _pick(load_records(file), name, file)
+    except RecordValidationError as exc:
+        _fail([f"error: {file} is not a valid record: {exc.errors[0]}"], code=2)
+    factory = _HOOKS["grader"]
+    grader = factory() if factory is not None else None
+    sample_set: SampleSet | None = None
+    problems: list[str]
+    if record.evidence is None:
+        problems = ["it has no per-sample evidence"]
+    else:
+        path = samples or samples_path(file.parent, record.evidence.samples_sha256)
+        try:
+            sample_set = load_samples(path, record.evidence)
+            problems = check_evidence(record, sample_set, grader)
+        except EvidenceError as exc:
+            problems = [str(exc)]
+    if problems and not unverified:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        _fail([f"error: {record.name} is not verified: {problems[0]}{more}; pass --unverified to export it marked so"], code=2)
+    question = getattr(grader, "question", None)
+    try:
+        written = export_record(
+            record, fmt, out, sample_set, verified=not problems, record_url=source_url, dataset_id=dataset_id,
+            organization=organization, relationship=relationship,
+            question_of=(lambda ds, i: question(record.suite, ds, i)) if question and sample_set else None,
+        )  # fmt: skip
+    except ExportError as exc:
+        _fail([f"error: {exc}"], code=2)
+    for path in written:
+        typer.echo(f"wrote {path}")
+    if problems:
+        typer.echo(f"note: exported UNVERIFIED ({problems[0]})")
 
 
 def _pick(records: list[LeaderboardRecord], name: str | None, file: Path) -> LeaderboardRecord:
