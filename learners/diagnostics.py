@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from learners.batching import EventTable
-from srpo_envs.grading import grading_stats
+from srpo_envs import grading
 
 __all__ = ["GradingMonitor", "k_stats"]
 
@@ -62,7 +62,7 @@ class GradingMonitor:
 
     @staticmethod
     def _read() -> dict[str, float]:
-        return {k: float(v) for k, v in grading_stats().items()}
+        return {k: float(v) for k, v in grading.grading_stats().items()}  # looked up at call time
 
     def delta(self) -> dict[str, float]:
         """The counters' change since the previous call (or since construction); ``{}`` while idle."""

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 import typer
 
 import srpo_envs
+from srpo_envs import retrievers
 from srpo_envs.index_build import build_index, open_index
-from srpo_envs.retrievers import ServerLimits, make_retriever
+from srpo_envs.retrievers import ServerLimits
 from srpo_envs.tasks.search_data import bundled_corpus_path
 
 if TYPE_CHECKING:
@@ -196,7 +197,8 @@ def build_retriever(
         kwargs["model"] = model
     elif threads is not None:
         kwargs["threads"] = threads
-    return make_retriever(backend, corpus or bundled_corpus_path(cache_dir), **kwargs)
+    # looked up on the package at call time: the seam a test (or a plugin) replaces
+    return retrievers.make_retriever(backend, corpus or bundled_corpus_path(cache_dir), **kwargs)
 
 
 @index_app.command("build")
