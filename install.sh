@@ -11,7 +11,7 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v wrk >/dev/null 2>&1; th
 fi
 python3 -m pip install --upgrade-strategy only-if-needed -e ".[all]"
 python3 -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-# Other projects' own tools that test srpo's exports (tests/test_export.py), each in its own venv:
+# Other projects' own tools that test srpo's exports (tests/leaderboards/test_export.py), each in its own venv:
 # Every Eval Ever's validator: its wheel declares Python >= 3.12 and huggingface-hub < 2, neither of which
 # this machine's Python 3.11 environment can have (no 3.12 interpreter from the registries), so its code
 # runs on 3.11 with the four packages the validator imports; lm-eval (no dependencies of its own needed to

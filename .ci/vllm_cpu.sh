@@ -11,7 +11,7 @@
 # libtorchcodec_image.so"); vLLM and transformers import them only optionally, so they are removed.
 # Then every test under tests/ marked `vllm` runs there (-s: each prints its summary line), among them
 # `srpo train --backend vllm` (shared weights, LoRA per role, 2 torchrun ranks) and `srpo bench eval
-# --backend vllm` (tests/test_vllm_trainer.py).
+# --backend vllm` (tests/learners/test_vllm_trainer.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VLLM_VENV:-.venv-vllm}"

@@ -489,7 +489,7 @@ class HFPolicy:
         instead of all at the longest one's width. Every row keeps its positions and mask, and the
         per-request uniforms are untouched: the sampled tokens do not change. Log-probs agree to float
         rounding (a CPU GEMM may round a 2-row LM head differently from an 8-row one, attention over a
-        narrower padding differently; ``tests/test_hf_prefix.py``): the shipped warm start's rollouts
+        narrower padding differently; ``tests/agents/test_hf_prefix.py``): the shipped warm start's rollouts
         have the same tokens, and their log-probs move by at most ~3e-6
         (``python -m benchmarks.perf.fingerprint`` prints both hashes).
         """

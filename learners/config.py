@@ -7,7 +7,7 @@ docstring as help. Nesting the dataclass itself would change ``asdict`` (so the 
 that enters a record id) and every flat checkpoint config on disk would need a converter; the
 sections are therefore *views* over the flat schema, plus the layout experiment files are written in:
 
-* :data:`TRAIN_SECTIONS` places every field in exactly one section (``tests/test_experiment_files.py``
+* :data:`TRAIN_SECTIONS` places every field in exactly one section (``tests/learners/test_experiment_files.py``
   fails naming a field added without one; at run time such a field only warns and is filed under
   ``[run]``, so a new option never stops a run);
 * ``cfg.rollout``, ``cfg.update``, ``cfg.critic``, ... are frozen dataclasses with that section's fields
@@ -290,7 +290,7 @@ def train_layout() -> Layout:
 
 
 def unplaced_fields() -> list[str]:
-    """``TrainConfig`` fields :data:`TRAIN_SECTIONS` does not place (tests/test_experiment_files.py: none)."""
+    """``TrainConfig`` fields :data:`TRAIN_SECTIONS` does not place (tests/learners/test_experiment_files.py: none)."""
 
     placed = {n for names in TRAIN_SECTIONS.values() for n in names}
     return [f.name for f in dataclasses.fields(TrainConfig) if f.name not in placed]
@@ -814,7 +814,7 @@ _FALLBACKS: dict[str, Any] = {"agg": "token-mean", "adv_scale": "std", "clip_eps
 def reference_page() -> str:
     """The markdown of docs/config-reference.md: every ``TrainConfig`` field by section (name, type, default
     and its docstring, the ``--help`` text), generated from the class (``python -m learners.config``
-    rewrites the page; ``tests/test_python_api.py`` fails when the two disagree)."""
+    rewrites the page; ``tests/learners/test_python_api.py`` fails when the two disagree)."""
     docs = field_docs(TrainConfig)
     hints = typing.get_type_hints(TrainConfig)
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -835,7 +835,7 @@ def reference_page() -> str:
         "Every field of `learners.TrainConfig`, by the section an experiment file writes it in "
         "([experiment files](experiments.md)): `srpo train --FIELD-NAME VALUE`, `--set SECTION.FIELD=VALUE` or "
         "`[SECTION] FIELD = VALUE`. Generated from the class by `python -m learners.config > "
-        "docs/config-reference.md`; `tests/test_python_api.py` fails when this page and the class disagree. "
+        "docs/config-reference.md`; `tests/learners/test_python_api.py` fails when this page and the class disagree. "
         "A setting a command leaves out may be filled by the model's class "
         "([settings by model class](experiments.md#settings-by-model-class)).",
     ]

@@ -10,7 +10,7 @@ gradients into the shared prompt), and then only the response tokens are forward
 
 The result equals the per-row path (:func:`learners.batching.collate` + one forward +
 :func:`learners.batching.gather_response_logprobs`, or :func:`agents.hf.response_logprobs`) up to
-float rounding (``tests/test_learners_prefix.py`` checks 1e-5, gradients included): same positions (the
+float rounding (``tests/learners/test_learners_prefix.py`` checks 1e-5, gradients included): same positions (the
 unpadded ones), same masks, same ``log_softmax(logits / T)`` convention.
 
 Gradient checkpointing: transformers drops the KV cache of a checkpointed layer in training mode

@@ -23,7 +23,7 @@ event's **active set** (the agents whose outputs the next step consumes). Wire f
                   "done": every agent is finished}
 
 **OpenEnv's wire protocol** (openenv-core 0.3.0's ``EnvClient`` / ``GenericEnvClient``, tested with that
-client in ``tests/test_openenv.py``) is served beside the session API, one env per WebSocket as in OpenEnv::
+client in ``tests/srpo_envs/test_openenv.py``) is served beside the session API, one env per WebSocket as in OpenEnv::
 
     WS     /ws      client -> {"type": "reset", "data": {"seed", "episode_id", "options", "env_id", "env_kwargs"}}
                               {"type": "step",  "data": OpenEnvAction}

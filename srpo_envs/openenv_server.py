@@ -1,6 +1,6 @@
 """The OpenEnv adapter of the env server: OpenEnv's wire protocol over the same sessions.
 
-OpenEnv clients (openenv-core's ``GenericEnvClient``, as ``tests/test_openenv.py`` uses it) open ``/ws``
+OpenEnv clients (openenv-core's ``GenericEnvClient``, as ``tests/srpo_envs/test_openenv.py`` uses it) open ``/ws``
 and send ``reset`` / ``step`` / ``state`` / ``close`` messages, or use the HTTP ``/reset``, ``/step``,
 ``/state``, ``/schema`` and ``/metadata`` routes; :func:`add_openenv_routes` puts them on an app built by
 :func:`srpo_envs.env_server.create_app`. One WebSocket holds one env, a session of the server's

@@ -4,7 +4,7 @@ Code written against a local env (``srpo_envs.make(id)``) runs unchanged against
 ``reset``/``step`` tuple, ``agents``/``possible_agents``, the event's ``active_agents``, ``state()`` (the
 shared state text) and the same text spaces (:class:`~srpo_envs.spaces.UnicodeText` with the server
 env's length limits), so PettingZoo's ``parallel_api_test`` and ``parallel_seed_test`` pass against it
-(``tests/test_env_server.py``). Values come back through JSON (:func:`srpo_envs.env_server.jsonable`:
+(``tests/srpo_envs/test_env_server.py``). Values come back through JSON (:func:`srpo_envs.env_server.jsonable`:
 tuples become lists, non-finite floats ``None``). A 4xx answer raises ``ValueError`` with the server's
 reason (what the local env would raise for the same bad action); connection failures, 5xx answers and
 answers that are not JSON raise :class:`EnvServerError` (a ``ConnectionError`` and an external-service

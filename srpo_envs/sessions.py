@@ -27,7 +27,7 @@ def jsonable(obj: Any) -> Any:
     """A JSON-safe copy: tuples -> lists, non-finite floats -> None, unknown objects -> str.
 
     The client's :class:`~srpo_envs.remote.RemoteEnv` returns exactly this, so a local trajectory
-    compares equal to a remote one after ``jsonable`` (``tests/test_env_server.py``).
+    compares equal to a remote one after ``jsonable`` (``tests/srpo_envs/test_env_server.py``).
     """
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}

@@ -8,7 +8,7 @@ routes ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (peft adapters lo
 so ``srpo train --backend openai`` runs end to end without vLLM. Its log-probs follow
 :mod:`agents.policy`'s convention exactly (HFPolicy), so a learner's ``pi_old`` recompute must match
 the server's behaviour log-probs to float32 round-off: the check that ids, prompt ids and log-probs
-travel over HTTP unchanged. (The real server is tested in ``tests/test_openai_vllm.py``.)
+travel over HTTP unchanged. (The real server is tested in ``tests/agents/test_openai_vllm.py``.)
 
 ``default_top_k`` plays a stock ``vllm serve`` of a model whose ``generation_config.json`` sets ``top_k``
 (Qwen2.5-Instruct: 20): a request that names no ``top_k`` is sampled from the top-k tokens, with the

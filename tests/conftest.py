@@ -4,7 +4,7 @@
 (learners.profiles, ``--model-defaults``). The suite's ``srpo train`` tests pin mechanisms (steps per
 iteration, checkpoints, resumes) at ``TrainConfig``'s plain defaults, so the suite runs with the profile
 off (``SRPO_MODEL_DEFAULTS=0``, inherited by the commands it starts); the tests of the profile itself
-(tests/test_model_defaults.py) turn it back on.
+(tests/learners/test_model_defaults.py) turn it back on.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Rolls out one batch with the shipped warm start, then runs the trainer's update 
 fresh subprocess (so each peak RSS is its own) and prints the update time and the RSS the update
 added. With ``max_tokens_per_microbatch`` the backward runs per event-atomic micro-batch, so the
 activation memory follows the micro-batch, not the minibatch; the gradient is the same (see
-``tests/test_learners_update.py``).
+``tests/learners/test_learners_update.py``).
 
     python -m benchmarks.perf.bench_microbatch [--tasks 16 --group-size 8 --budgets none,2048,512]
 """

@@ -9,8 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-from test_benchmarks_evaluate import ArithPolicy
-from test_eval_evidence import _run as run_quick_math
 from typer.testing import CliRunner
 
 from benchmarks.evaluate import EvalResult
@@ -18,6 +16,8 @@ from benchmarks.suites import BENCH_QUICK_PROBLEMS, BENCH_QUICK_PROTOCOL
 from leaderboards.render import render_html, render_markdown
 from leaderboards.schema import compute_record_hash, dump_record_json, load_record, make_record, record_dict
 from srpo_cli.app import app
+from tests.benchmarks.test_benchmarks_evaluate import ArithPolicy
+from tests.benchmarks.test_eval_evidence import _run as run_quick_math
 
 
 def _run(limit: int, seed: int = 0) -> EvalResult:

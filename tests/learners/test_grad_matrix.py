@@ -13,7 +13,7 @@ this matrix was written for: non-reentrant gradient checkpointing recomputes eac
 ``backward`` with whichever adapter is active *then*, while the trainer activates a role's adapter only
 around its forward (``agents.hf.adapter_scope``).
 
-Run: ``python -m pytest tests/test_grad_matrix.py -q`` (the failing cells are listed in the message).
+Run: ``python -m pytest tests/learners/test_grad_matrix.py -q`` (the failing cells are listed in the message).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 
 from srpo_envs.conformance import check_api, check_env, check_events
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 
 from pair_sum_env import PairSumEnv  # noqa: E402

@@ -191,7 +191,7 @@ def test_our_own_bugs_are_still_internal_errors_and_the_table_has_the_new_status
     code, line = classify(KeyError("oops"))
     assert code == 70 and "report it" in line
     assert EXTERNAL in EXIT_CODES and "external service" in EXIT_CODES[EXTERNAL]
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert "| 5 | an external service failed" in readme
 
 

@@ -27,7 +27,7 @@ from learners.checkpoint import CheckpointError, load_checkpoint, save_checkpoin
 from learners.trainer import Trainer, train
 from tests._builders import checkpoint_run_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _iterations(run: Path) -> list[int]:

@@ -18,7 +18,7 @@ from srpo_cli.app import main
 from srpo_common import plugins
 from tests._plugin_venv import plugin_venv
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "srpo-demo-plugin"  # (tests/_plugin_venv.py installs it)
 MODEL = ROOT / "agents" / "checkpoints" / "mini-columns-sft"
 

@@ -19,7 +19,7 @@ from learners import guard
 from learners.trainer import TrainConfig
 from srpo_cli.app import main
 
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "agents" / "checkpoints"
 LIMITS = guard.GuardLimits.from_config(TrainConfig(model="m"))
 
 

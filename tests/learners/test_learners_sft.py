@@ -145,7 +145,7 @@ def test_shipped_checkpoints_record_their_recipe() -> None:
     """The shipped warm starts carry the recipe that rebuilds them (and the accuracy it reached)."""
     from learners.presets import RECIPES
 
-    root = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
+    root = Path(__file__).resolve().parents[2] / "agents" / "checkpoints"
     for name, recipe in (
         ("mini-sft", "math"),
         ("mini-columns-sft", "columns"),

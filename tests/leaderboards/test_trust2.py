@@ -27,7 +27,7 @@ from learners.trainer import train
 from srpo_cli.app import main
 from tests._builders import checkpoint_run_config
 
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "agents" / "checkpoints"
 
 
 def _srpo(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -166,11 +166,10 @@ def test_forged_record_in_unchecked_chunks_is_caught(tmp_path: Path, capsys) -> 
 def test_page_says_how_many_samples_were_reproduced_with_which_seed(tmp_path: Path) -> None:
     """A note of ``reproduce --store`` shows as ``reproduced M/N (seed S)``; a note of e4b4839's
     predictable-seed check (no seed, no total) is no longer a green "reproduced"."""
-    from test_leaderboards import record
-
     from leaderboards.cli import row_status
     from leaderboards.render import render_html
     from leaderboards.store import LeaderboardStore
+    from tests.leaderboards.test_leaderboards import record
 
     lb = tmp_path / "lb"
     rec = record()
@@ -330,9 +329,8 @@ def test_hostile_files_are_one_line_with_a_documented_status(tmp_path: Path, cap
 
 
 def test_validate_store_and_render_list_a_deep_record_and_go_on(tmp_path: Path, capsys) -> None:
-    from test_leaderboards import record
-
     from leaderboards import store as store_mod
+    from tests.leaderboards.test_leaderboards import record
 
     lb = tmp_path / "lb"
     good = store_mod.LeaderboardStore(lb).submit(record())
@@ -349,10 +347,9 @@ def test_validate_store_and_render_list_a_deep_record_and_go_on(tmp_path: Path, 
 
 def test_full_disk_is_one_line_exit_4(tmp_path: Path, capsys, monkeypatch) -> None:
     """``submit`` on a full disk (ENOSPC from the atomic write) and a safetensors write to /dev/full."""
-    from test_leaderboards import record
-
     from leaderboards import schema
     from leaderboards import store as store_mod
+    from tests.leaderboards.test_leaderboards import record
 
     def full(path, *a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -373,10 +370,9 @@ def test_full_disk_is_one_line_exit_4(tmp_path: Path, capsys, monkeypatch) -> No
 
 
 def test_debug_shows_the_traceback(tmp_path: Path, capsys, monkeypatch) -> None:
-    from test_leaderboards import record
-
     from leaderboards import schema
     from leaderboards import store as store_mod
+    from tests.leaderboards.test_leaderboards import record
 
     def broken(path, *a, **k):
         raise KeyError("boom")  # an unexpected exception: a bug, exit 70

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import yaml
 from huggingface_hub import parse_eval_result_entries
-from test_benchmarks_evaluate import SAMPLING, ArithPolicy
 from typer.testing import CliRunner
 
 from agents.policy import PolicyMap
@@ -26,8 +25,9 @@ from leaderboards.evidence import samples_path
 from leaderboards.export import bootstrap_interval, eee_paths
 from leaderboards.schema import dump_record_json, is_fraction_metric, make_record
 from srpo_cli.app import app
+from tests.benchmarks.test_benchmarks_evaluate import SAMPLING, ArithPolicy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENVS = ROOT / ".venvs"
 
 

@@ -22,7 +22,7 @@ from srpo_cli.app import app
 from srpo_common import sha256_json, weights_sha256
 from srpo_common.config_file import ConfigFileError, Layout
 
-MODEL = Path(__file__).resolve().parents[1] / "agents" / "checkpoints" / "mini-columns-sft"
+MODEL = Path(__file__).resolve().parents[2] / "agents" / "checkpoints" / "mini-columns-sft"
 
 
 def test_every_field_is_in_exactly_one_section() -> None:
@@ -198,7 +198,7 @@ def test_file_run_equals_flags_run_and_config_toml_reproduces(tmp_path: Path) ->
 
 
 # ------------------------------------------------------------------------- bench compare / ablation / power
-SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "benchmarks" / "experiments").glob("*.toml"))
+SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "benchmarks" / "experiments").glob("*.toml"))
 
 
 @pytest.fixture
@@ -359,7 +359,7 @@ def write_recipe_experiments() -> list[Path]:
             header = (
                 f"The {r.source.rsplit(':', 1)[0]} recipe `{name}` as an experiment file (what differs from the "
                 f"defaults).\n{launcher + ' ' if launcher else ''}srpo train --config {name} [--set section.field=value]\n"
-                "tests/test_experiment_files.py checks it equals the documented command."
+                "tests/learners/test_experiment_files.py checks it equals the documented command."
             )
             path = train_config.EXPERIMENTS_DIR / f"{name}.toml"
             written.append(train_config.train_layout().write(path, train_config.non_default(seen[-1]), header))

@@ -20,7 +20,7 @@ from learners.trainer import run_summary
 from srpo_cli.app import main
 from tests._plugin_venv import plugin_venv
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "agents" / "checkpoints" / "mini-columns-sft"
 
 

@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 
 import pytest
-from test_benchmarks_evaluate import SAMPLING, ArithPolicy
 from typer.testing import CliRunner
 
 from agents.policy import PolicyMap, SamplingParams
@@ -20,8 +19,9 @@ from benchmarks.evaluate import EvalResult, evaluate
 from leaderboards.evidence import load_samples, recompute_metrics, samples_path, write_samples
 from leaderboards.schema import dump_record_json, load_record, make_record, validate_record
 from srpo_cli.app import app
+from tests.benchmarks.test_benchmarks_evaluate import SAMPLING, ArithPolicy
 
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "agents" / "checkpoints"
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "agents" / "checkpoints"
 
 
 def _run(policy: ArithPolicy, **kwargs) -> EvalResult:

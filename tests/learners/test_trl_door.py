@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # ~40-90 s on 2 shared cores (2 GRPO steps of 8 four-agent episodes each)

