@@ -120,7 +120,7 @@ def test_weight_broadcast_sets_weights_and_versions(pools) -> None:
 
 
 def test_merge_batches_keeps_order() -> None:
-    from tests.test_rollout import EchoPolicy  # the scripted double of the rollout tests
+    from tests.agents.test_rollout import EchoPolicy  # the scripted double of the rollout tests
 
     c = RolloutCollector(_env, PolicyMap.shared(EchoPolicy()))
     a, b = c.collect([0], 1, seed=1), c.collect([1], 1, seed=1)

@@ -71,7 +71,7 @@ def test_mixed_suites_or_duplicate_seeds_are_refused() -> None:
 
 
 def _fake_hf(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_benchmarks_evaluate import ArithPolicy
+    from tests.benchmarks.test_benchmarks_evaluate import ArithPolicy
 
     monkeypatch.setitem(
         sys.modules, "agents.hf", types.SimpleNamespace(HFPolicy=lambda path, device=None: ArithPolicy(p=0.6))

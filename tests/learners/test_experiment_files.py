@@ -336,7 +336,7 @@ def test_every_shipped_train_experiment_is_a_docs_recipe() -> None:
     assert shipped == documented, f"shipped {sorted(shipped - documented)} without a docs recipe ({_REGENERATE})"
 
 
-_REGENERATE = "a docs recipe changed: regenerate the files with `python -m tests.test_experiment_files`"
+_REGENERATE = "a docs recipe changed: regenerate the files with `python -m tests.learners.test_experiment_files`"
 
 
 def write_recipe_experiments() -> list[Path]:

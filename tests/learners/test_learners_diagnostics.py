@@ -98,7 +98,7 @@ def _loss_cfg(cfg: TrainConfig):
 
 
 def test_gspo_uses_its_papers_clip_range_unless_the_user_sets_one(monkeypatch) -> None:
-    from tests.test_learners_cli import _captured_config
+    from tests.learners.test_learners_cli import _captured_config
 
     gspo = _captured_config(monkeypatch, ["--algo", "gspo"])
     assert (gspo.clip_eps, gspo.clip_eps_high) == (None, None)
