@@ -12,7 +12,8 @@ Event types     ``propose``, ``aggregate``; ``verify``, ``revise``; ``route``
 Rewards         the team outcome at episode end (below), written to every event; minus
                 ``format_penalty`` for an event holding an invalid output
 Datasets        ``dataset=``: a bundled name (``math500``, ``gsm8k_test``, ...),
-                ``procedural[-columns][:difficulty]``, a local file or a hub id
+                ``procedural[-columns][:difficulty]``, ``reasoning-gym:<family>`` (graded by the
+                family's own ``score_answer``), a local file or a hub id
                 (:func:`srpo_envs.tasks.math_data.load_math`)
 ==============  ======================================================================================
 
@@ -25,7 +26,9 @@ Datasets        ``dataset=``: a bundled name (``math500``, ``gsm8k_test``, ...),
   proposers, K=k) -> ``aggregate`` (K=1).
 
 Answers are extracted from ``\\boxed{...}`` or ``<answer>...</answer>`` and graded with math-verify in
-time-bounded workers (:mod:`srpo_envs.grading`). The team reward is 1 for a correct final answer,
+time-bounded workers (:mod:`srpo_envs.grading`); a reasoning-gym task is graded by its family's own
+``score_answer`` (correct: a score of 1), with math-verify's verdict beside it in the outcome
+(``reasoning_gym_score``, ``math_verify_correct``). The team reward is 1 for a correct final answer,
 else 0, minus ``member_cost`` per proposer that acted (default 0: in the routed workflow a positive
 cost is what gives the router a reason to pick fewer proposers); an event holding a malformed output
 (no answer, unknown verdict, bad route) is flagged invalid and its reward is reduced by
@@ -46,6 +49,7 @@ from typing import Any
 
 from srpo_envs.base import EventParallelEnv, Parsed, Transition, parse_route
 from srpo_envs.grading import MAX_ANSWER_CHARS, extract_answer, grade
+from srpo_envs.tasks import reasoning_gym_data
 from srpo_envs.tasks.math_data import MathTask, load_math
 
 WORKFLOWS = ("solver-verifier", "proposers-aggregator", "routed")
@@ -239,7 +243,12 @@ class MathVerifyEnv(EventParallelEnv):
 
     def _outcome(self) -> tuple[float, dict[str, Any]]:
         correct = grade(self._answer, self.task.answer) if self._answer is not None else False
-        facts: dict[str, Any] = {"correct": bool(correct), "answer": self._answer, "gold": self.task.answer}
+        family_score = reasoning_gym_data.score_answer(self.task, self._answer)
+        extra = {}
+        if family_score is not None:  # the family's own grader decides; math-verify's verdict beside it
+            extra = {"reasoning_gym_score": family_score, "math_verify_correct": bool(correct)}
+            correct = family_score >= 1.0
+        facts: dict[str, Any] = {"correct": bool(correct), "answer": self._answer, "gold": self.task.answer, **extra}
         if self.workflow == "routed":
             facts["team_size"] = self._team_size
         reward = 1.0 if correct else 0.0

@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from srpo_envs.tasks import reasoning_gym_data
 from srpo_envs.tasks.procedural import make_arithmetic_tasks, make_column_addition_tasks
 from srpo_envs.tasks.records import read_records
 from srpo_envs.tasks.task import MathTask
@@ -121,7 +122,8 @@ PROCEDURAL_FAMILIES = ("procedural", "procedural-columns")
 def load_math(
     source: str = "math500", *, split: str | None = None, limit: int | None = None, **procedural_kwargs: Any
 ) -> list[MathTask]:
-    """Load math tasks from a bundled name, ``procedural[-columns][:difficulty]``, a local file or a hub id.
+    """Load math tasks from a bundled name, ``procedural[-columns][:difficulty]``, ``reasoning-gym:<family>``
+    (:mod:`srpo_envs.tasks.reasoning_gym_data`), a local file or a hub id.
 
     ``split`` picks the procedural split (``train``/``test``), a training set's split (see the module
     docstring; default ``train``) or a hub split (default ``test``). A bundled evaluation set is one
@@ -146,6 +148,8 @@ def load_math(
             tasks = make_column_addition_tasks(split=split or "train", **procedural_kwargs)
         else:
             tasks = make_arithmetic_tasks(split=split or "train", **procedural_kwargs)
+    elif source.startswith(reasoning_gym_data.PREFIX):
+        tasks = reasoning_gym_data.load_reasoning_gym(source, split, limit)
     elif Path(source).expanduser().is_file():
         path = Path(source).expanduser()
         tasks = [_to_task(r, path.name.split(".")[0], i) for i, r in enumerate(read_records(str(path)))]
