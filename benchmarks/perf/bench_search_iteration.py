@@ -1,0 +1,236 @@
+"""Where a quick-search iteration's time goes, how close the update runs to this machine's matmul speed, and
+what an asynchronous generator in its own process buys: three ratios, each measured in one run.
+
+    python -m benchmarks.perf.bench_search_iteration [--iterations 4] [--tasks-per-iter 16] [--json out.json]
+
+1. **Phases** (the synchronous loop, quick-search's training settings, the bundled warm start): per
+   iteration after the first, the seconds spent generating (``HFPolicy.generate``), retrieving (the
+   retriever's ``search``), grading (the env's outcome: EM/F1 against the gold answers), the rest of the
+   rollout (env steps, prompts, row building), and the update; each as a share of the iteration.
+2. **Update FLOP/s against matmul FLOP/s.** Every linear layer the update runs is counted by a hook
+   (``2 x in x out`` FLOPs per position, three times that when its backward runs: the LM head included,
+   embeddings and attention's score products left out, which at these context lengths are a few
+   percent), divided by the update's seconds, and set against ``torch.mm`` at the model's own shapes (the
+   update's median micro-batch positions x hidden size times hidden x the MLP's width, float32, this
+   process's threads): the ratio is how much of the machine's matmul speed the update turns into
+   training. (The prefix-tree forward calls the decoder and the head directly, so the model's own
+   forward hook would see none of it.)
+3. **Asynchronous generation in a Ray worker.** Wall seconds per iteration of the synchronous loop, of
+   ``--max-staleness 1`` with the generator as a thread in this process, and of ``--max-staleness 1
+   --rollout-workers 1`` with the generator in a Ray worker process (its own interpreter, no GIL shared
+   with the learner), each against the synchronous loop.
+
+Every number comes from this run, on whatever else the machine is doing: compare ratios, not seconds,
+and rerun before trusting a small difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+SUITE = "quick-search"
+
+
+def _config(out: str, iterations: int, tasks: int | None, seed: int, **extra: Any) -> Any:
+    from benchmarks.presets import QUICK_SETTINGS, TRAINING_ENVS
+    from learners.config import TrainConfig
+
+    env = TRAINING_ENVS[SUITE]
+    train = dict(QUICK_SETTINGS[SUITE]["train"])
+    train.update(iterations=iterations, eval_every=0, save_every=0)
+    if tasks is not None:
+        train["tasks_per_iter"] = tasks
+    return TrainConfig(
+        algo="srpo", model=str(env.bundled_model), out_dir=out, env_id=env.env_id,
+        env_kwargs={"workflow": env.workflow, **env.env_kwargs}, seed=seed, **train, **extra,
+    )  # fmt: skip
+
+
+class _Clock:
+    """Seconds spent inside wrapped callables, per name, since the last :meth:`take`."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - t0
+
+        return timed
+
+    def take(self) -> dict[str, float]:
+        out, self.spent = self.spent, {}
+        return out
+
+
+@contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def phases_and_flops(iterations: int, tasks: int | None, seed: int) -> dict[str, Any]:
+    """Parts 1 and 2: one synchronous run with the phases timed and the update's forwards counted."""
+    from agents.hf import HFPolicy
+    from learners.trainer import Trainer
+    from srpo_envs.retrievers import bm25
+
+    clock = _Clock()
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(_config(tmp, iterations, tasks, seed), log=None)
+        env = trainer.collector.env_fn()
+        env_cls = type(env.unwrapped)
+        model = trainer.policies.policies[0].model
+        hidden = int(model.config.hidden_size)
+        width = int(getattr(model.config, "intermediate_size", 4 * hidden))
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        flops: dict[str, Any] = {"value": 0.0, "positions": []}
+
+        def count(module: torch.nn.Linear, args: Any, output: Any) -> None:
+            positions = args[0].numel() // module.in_features
+            grad = torch.is_grad_enabled() and module.weight.requires_grad
+            flops["value"] += (3 if grad else 1) * 2 * module.in_features * module.out_features * positions
+            if module is linears[0]:
+                flops["positions"].append(positions)
+
+        rows = []
+        with (
+            _patched(HFPolicy, "generate", clock.wrap("generate", HFPolicy.generate)),
+            _patched(bm25.BM25Retriever, "search", clock.wrap("retrieve", bm25.BM25Retriever.search)),
+            _patched(env_cls, "_outcome", clock.wrap("grade", env_cls._outcome)),
+        ):
+            for it in range(1, iterations + 1):
+                clock.take()
+                t0 = time.perf_counter()
+                batch = trainer.rollout(it)
+                t1 = time.perf_counter()
+                spent = clock.take()
+                flops.update(value=0.0, positions=[])
+                handles = [m.register_forward_hook(count) for m in linears]
+                try:
+                    trainer.update(batch, it)
+                finally:
+                    for h in handles:
+                        h.remove()
+                t2 = time.perf_counter()
+                rows.append({
+                    "rollout_s": t1 - t0, "generate_s": spent.get("generate", 0.0),
+                    "retrieve_s": spent.get("retrieve", 0.0), "grade_s": spent.get("grade", 0.0),
+                    "update_s": t2 - t1, "update_flops": flops["value"],
+                    "update_positions": statistics.median(flops["positions"] or [0]),
+                })  # fmt: skip
+    rest = rows[1:] or rows
+    mean = {k: statistics.fmean(r[k] for r in rest) for k in rest[0]}
+    total = mean["rollout_s"] + mean["update_s"]
+    other = mean["rollout_s"] - mean["generate_s"] - mean["retrieve_s"] - mean["grade_s"]
+    achieved = mean["update_flops"] / mean["update_s"]
+    peak = matmul_flops(max(1, int(mean["update_positions"])), hidden, width)
+    return {
+        "iterations_timed": len(rest),
+        "iteration_s": total,
+        "shares": {
+            "generate": mean["generate_s"] / total, "retrieve": mean["retrieve_s"] / total,
+            "grade": mean["grade_s"] / total, "rollout_other": other / total, "update": mean["update_s"] / total,
+        },
+        "seconds": {k: mean[k] for k in ("generate_s", "retrieve_s", "grade_s", "update_s")} | {"rollout_other_s": other},
+        "update": {
+            "flops_per_s": achieved, "matmul_flops_per_s": peak, "ratio": achieved / peak,
+            "positions_per_forward": mean["update_positions"], "shape": [hidden, width],
+        },
+    }  # fmt: skip
+
+
+def matmul_flops(rows: int, hidden: int, width: int, repeats: int = 20) -> float:
+    """``torch.mm`` FLOP/s of ``[rows, hidden] @ [hidden, width]`` in float32 (median of ``repeats``)."""
+    a, b = torch.randn(rows, hidden), torch.randn(hidden, width)
+    for _ in range(3):
+        torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - t0)
+    return 2.0 * rows * hidden * width / statistics.median(times)
+
+
+def async_walls(iterations: int, tasks: int | None, seed: int) -> dict[str, float]:
+    """Part 3: wall seconds per iteration (after the first) of sync, thread N=1 and Ray-worker N=1."""
+    from learners.trainer import Trainer
+
+    modes = {
+        "sync": {},
+        "thread_n1": {"max_staleness": 1},
+        "ray_worker_n1": {"max_staleness": 1, "rollout_workers": 1},
+    }
+    walls: dict[str, float] = {}
+    threads = torch.get_num_threads()
+    for name, extra in modes.items():
+        torch.set_num_threads(threads)
+        stamps: list[float] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer = Trainer(_config(tmp, iterations, tasks, seed, **extra), log=None)
+            append = trainer.run_state.append_metrics
+
+            def stamped(
+                record: dict[str, Any], append: Callable[..., Any] = append, stamps: list[float] = stamps
+            ) -> None:
+                stamps.append(time.perf_counter())
+                append(record)
+
+            trainer.run_state.append_metrics = stamped  # type: ignore[method-assign]
+            trainer.train()
+            if trainer.scale.pool is not None:
+                trainer.scale.pool.close()
+        walls[name] = statistics.fmean(b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True))
+    torch.set_num_threads(threads)
+    return walls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iterations", type=int, default=4, help="iterations per run (the first is not timed)")
+    ap.add_argument("--tasks-per-iter", type=int, default=None, help="default: quick-search's (16)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-async", action="store_true", help="parts 1 and 2 only")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    out: dict[str, Any] = {"suite": SUITE, "threads": torch.get_num_threads()}
+    out["phases"] = phases_and_flops(args.iterations, args.tasks_per_iter, args.seed)
+    p = out["phases"]
+    print(f"quick-search iteration, synchronous: {p['iteration_s']:.2f} s (mean of {p['iterations_timed']})")
+    for name, share in p["shares"].items():
+        print(f"  {name:<14} {share:6.1%}")
+    u = p["update"]
+    print(
+        f"update: {u['flops_per_s'] / 1e9:.2f} GFLOP/s of linear-layer work; torch.mm of "
+        f"[{u['positions_per_forward']:.0f} x {u['shape'][0]}] @ {u['shape']}: "
+        f"{u['matmul_flops_per_s'] / 1e9:.2f} GFLOP/s; ratio {u['ratio']:.3f}"
+    )
+    if not args.skip_async:
+        walls = out["async"] = async_walls(args.iterations, args.tasks_per_iter, args.seed)
+        for name, wall in walls.items():
+            print(f"{name:<14} {wall:6.2f} s/iteration   {walls['sync'] / wall:5.2f}x the synchronous loop's speed")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
