@@ -371,7 +371,7 @@ def to_lm_eval(record: LeaderboardRecord, samples: SampleSet | None, *, verified
     tasks = sorted(results)
     iso, epoch = _timestamp(record)
     return {
-        "results": {**results},
+        "results": results,
         "groups": {record.suite: group},
         "group_subtasks": {record.suite: tasks},
         "versions": {**{t: 1 for t in tasks}, record.suite: 1},
