@@ -7,14 +7,16 @@ what an asynchronous generator in its own process buys: three ratios, each measu
    iteration after the first, the seconds spent generating (``HFPolicy.generate``), retrieving (the
    retriever's ``search``), grading (the env's outcome: EM/F1 against the gold answers), the rest of the
    rollout (env steps, prompts, row building), and the update; each as a share of the iteration.
-2. **Update FLOP/s against matmul FLOP/s.** Every linear layer the update runs is counted by a hook
-   (``2 x in x out`` FLOPs per position, three times that when its backward runs: the LM head included,
-   embeddings and attention's score products left out, which at these context lengths are a few
-   percent), divided by the update's seconds, and set against ``torch.mm`` at the model's own shapes (the
-   update's median micro-batch positions x hidden size times hidden x the MLP's width, float32, this
-   process's threads): the ratio is how much of the machine's matmul speed the update turns into
-   training. (The prefix-tree forward calls the decoder and the head directly, so the model's own
-   forward hook would see none of it.)
+2. **Update FLOP/s against matmul FLOP/s.** The update's work is counted as it runs: every linear layer
+   (``2 x in x out`` FLOPs per position; the LM head included, embeddings not) and every
+   ``scaled_dot_product_attention`` call (``4 x heads x queries x keys x head_dim``: the score and value
+   products, computed densely over a prefix-tree pack whatever its mask allows), each three times the
+   forward's where its backward runs. The attention mask's density says how much of that attention work
+   the tree mask keeps. Divided by the update's seconds, the work is set against ``torch.mm`` at the
+   model's own shapes (the update's median positions per forward x hidden size times hidden x the MLP's
+   width, float32, this process's threads): the ratio is how much of the machine's matmul speed the
+   update turns into arithmetic. (The prefix-tree forward calls the decoder and the head directly, so
+   a hook on the model's own forward would see none of it: the hooks sit on the layers.)
 3. **Asynchronous generation in a Ray worker.** Wall seconds per iteration of the synchronous loop, of
    ``--max-staleness 1`` with the generator as a thread in this process, and of ``--max-staleness 1
    --rollout-workers 1`` with the generator in a Ray worker process (its own interpreter, no GIL shared
@@ -101,7 +103,17 @@ def phases_and_flops(iterations: int, tasks: int | None, seed: int) -> dict[str,
         hidden = int(model.config.hidden_size)
         width = int(getattr(model.config, "intermediate_size", 4 * hidden))
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        flops: dict[str, Any] = {"value": 0.0, "positions": []}
+        flops: dict[str, Any] = {"value": 0.0, "attention": 0.0, "kept": 0.0, "positions": []}
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def counted_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            b, h, nq, hd = query.shape
+            work = 4.0 * b * h * nq * key.shape[-2] * hd * (3 if torch.is_grad_enabled() and query.requires_grad else 1)
+            mask = kwargs.get("attn_mask", args[0] if args else None)
+            density = float(mask.float().mean()) if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool else 1.0
+            flops["attention"] += work
+            flops["kept"] += work * density
+            return sdpa(query, key, value, *args, **kwargs)
 
         def count(module: torch.nn.Linear, args: Any, output: Any) -> None:
             positions = args[0].numel() // module.in_features
@@ -122,10 +134,11 @@ def phases_and_flops(iterations: int, tasks: int | None, seed: int) -> dict[str,
                 batch = trainer.rollout(it)
                 t1 = time.perf_counter()
                 spent = clock.take()
-                flops.update(value=0.0, positions=[])
+                flops.update(value=0.0, attention=0.0, kept=0.0, positions=[])
                 handles = [m.register_forward_hook(count) for m in linears]
                 try:
-                    trainer.update(batch, it)
+                    with _patched(torch.nn.functional, "scaled_dot_product_attention", counted_sdpa):
+                        trainer.update(batch, it)
                 finally:
                     for h in handles:
                         h.remove()
@@ -133,14 +146,17 @@ def phases_and_flops(iterations: int, tasks: int | None, seed: int) -> dict[str,
                 rows.append({
                     "rollout_s": t1 - t0, "generate_s": spent.get("generate", 0.0),
                     "retrieve_s": spent.get("retrieve", 0.0), "grade_s": spent.get("grade", 0.0),
-                    "update_s": t2 - t1, "update_flops": flops["value"],
+                    "update_s": t2 - t1, "update_flops": flops["value"], "attention_flops": flops["attention"],
+                    "attention_kept": flops["kept"],
                     "update_positions": statistics.median(flops["positions"] or [0]),
                 })  # fmt: skip
     rest = rows[1:] or rows
     mean = {k: statistics.fmean(r[k] for r in rest) for k in rest[0]}
     total = mean["rollout_s"] + mean["update_s"]
     other = mean["rollout_s"] - mean["generate_s"] - mean["retrieve_s"] - mean["grade_s"]
-    achieved = mean["update_flops"] / mean["update_s"]
+    linear = mean["update_flops"] / mean["update_s"]
+    attention = mean["attention_flops"] / mean["update_s"]
+    achieved = linear + attention
     peak = matmul_flops(max(1, int(mean["update_positions"])), hidden, width)
     return {
         "iterations_timed": len(rest),
@@ -151,7 +167,9 @@ def phases_and_flops(iterations: int, tasks: int | None, seed: int) -> dict[str,
         },
         "seconds": {k: mean[k] for k in ("generate_s", "retrieve_s", "grade_s", "update_s")} | {"rollout_other_s": other},
         "update": {
-            "flops_per_s": achieved, "matmul_flops_per_s": peak, "ratio": achieved / peak,
+            "flops_per_s": achieved, "linear_flops_per_s": linear, "attention_flops_per_s": attention,
+            "attention_mask_density": mean["attention_kept"] / mean["attention_flops"] if mean["attention_flops"] else 1.0,
+            "matmul_flops_per_s": peak, "ratio": achieved / peak, "linear_ratio": linear / peak,
             "positions_per_forward": mean["update_positions"], "shape": [hidden, width],
         },
     }  # fmt: skip
@@ -219,9 +237,11 @@ def main() -> None:
         print(f"  {name:<14} {share:6.1%}")
     u = p["update"]
     print(
-        f"update: {u['flops_per_s'] / 1e9:.2f} GFLOP/s of linear-layer work; torch.mm of "
-        f"[{u['positions_per_forward']:.0f} x {u['shape'][0]}] @ {u['shape']}: "
-        f"{u['matmul_flops_per_s'] / 1e9:.2f} GFLOP/s; ratio {u['ratio']:.3f}"
+        f"update: {u['flops_per_s'] / 1e9:.2f} GFLOP/s ({u['linear_flops_per_s'] / 1e9:.2f} in linear layers, "
+        f"{u['attention_flops_per_s'] / 1e9:.2f} in attention, of which the tree mask keeps "
+        f"{u['attention_mask_density']:.1%}); torch.mm of [{u['positions_per_forward']:.0f} x {u['shape'][0]}] @ "
+        f"{u['shape']}: {u['matmul_flops_per_s'] / 1e9:.2f} GFLOP/s; ratio {u['ratio']:.3f} "
+        f"(linear layers alone {u['linear_ratio']:.3f})"
     )
     if not args.skip_async:
         walls = out["async"] = async_walls(args.iterations, args.tasks_per_iter, args.seed)
