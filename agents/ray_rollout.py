@@ -184,6 +184,7 @@ class HFPolicyFactory:
     dtype: str | None = None
 
     def __call__(self) -> PolicyMap:
+        # transformers and peft (~1.5 s): only a worker that builds a model loads them, not every importer
         from agents.hf import HFPolicy
         from agents.lora import default_lora_config, lora_policy_map
 

@@ -30,6 +30,7 @@ from benchmarks.options import (
 from benchmarks.options import layout as options_layout
 from benchmarks.presets import ABLATIONS, COMPARE_DEFAULTS, TRAINING_ENVS, TrainingEnv
 from benchmarks.suites import SUITES, get_suite
+from learners.config import TrainConfig
 from learners.dynamic_sampling import FILTER_SIGNALS
 from learners.tracking import parse_loggers
 from srpo_common import atomic_write_text
@@ -50,6 +51,7 @@ def training_env(suite: str) -> TrainingEnv:
 def print_comparison(result: Any, title: str) -> None:
     from rich.table import Table
 
+    # pandas (and scipy) load here, not at start-up: +0.2 s on every srpo command otherwise
     from benchmarks.report import make_console
 
     table = Table(title=title)
@@ -66,6 +68,7 @@ def print_decisions(decisions: Any, title: str, console: Any = None) -> None:
     """Every variant vs the reference (:mod:`benchmarks.decide`), whole, with how to read it."""
     from rich.table import Table
 
+    # pandas (and scipy) load here, not at start-up: +0.2 s on every srpo command otherwise
     from benchmarks.decide import format_decisions, legend
     from benchmarks.report import make_console
 
@@ -103,6 +106,7 @@ def run_compare(
 ) -> Any:
     """One comparison; ``env_kwargs`` replace keys of the suite's training env (decision runs: more worlds).
     ``experiment``: the resolved options as an experiment file, written to ``OUT/experiment.toml`` first."""
+    # pandas (and scipy) load here, not at start-up: +0.2 s on every srpo command otherwise
     from benchmarks.compare import CompareConfig, check_continuation, reference_of, run_comparison
 
     env = training_env(suite)
@@ -174,8 +178,6 @@ def _preset_train(suite: str) -> dict[str, Any]:
 def _comparison_train(opts: CompareOptions) -> dict[str, Any]:
     """The training overrides of a comparison (presets < ``[train]`` < options), checked before any run:
     a value ``TrainConfig`` refuses is a usage error now, not after the first run's minutes."""
-    from learners.trainer import TrainConfig
-
     if opts.filter_signal is not None and opts.filter_signal not in FILTER_SIGNALS:
         raise typer.BadParameter(
             f"--filter-signal must be one of {', '.join(FILTER_SIGNALS)}, got {opts.filter_signal!r}"
@@ -333,7 +335,8 @@ def report_cmd(
 ) -> None:
     """Print the paper's table layout (methods x benchmarks + Avg., ± over seeds, bootstrap CIs)
     from the per-sample records saved under RUN_DIRS; write it as markdown, CSV and a bar plot."""
-    from benchmarks.decide import decision_frame, write_decisions  # light: no torch import
+    # pandas (and scipy) load here, not at start-up: +0.2 s on every srpo command otherwise
+    from benchmarks.decide import decision_frame, write_decisions
     from benchmarks.paper import load_runs, paper_tables, write_paper
     from benchmarks.strata import strata_frame, strata_markdown, suite_strata, write_strata
 
@@ -377,6 +380,7 @@ def report_cmd(
 def power_cmd(opts: PowerOptions) -> None:
     """A short pilot (two algorithms x a few seeds), then the seeds x problems x k needed to detect
     1, 2 and 5 points and the minimum detectable difference (power.md)."""
+    # pandas (and scipy) load here, not at start-up: +0.2 s on every srpo command otherwise
     from benchmarks.evidence import suite_problems
     from benchmarks.power import power_report
 
@@ -411,6 +415,7 @@ def power_cmd(opts: PowerOptions) -> None:
             experiment=_experiment(opts, seeds, train, k, limit),
         )
         from_dir = out  # the pilot saved every eval under OUT/evals/<variant>/seed<S>/
+    # pandas (and scipy) load here, not at start-up: +0.2 s on every srpo command otherwise
     from benchmarks.paper import load_runs
 
     samples: dict[str, dict[int, Any]] = {n: {} for n in names}

@@ -16,6 +16,8 @@ from benchmarks import compare_cli, presets
 from benchmarks.compare_cli import RAY_ADDRESS_HELP, REFERENCE_HELP, WORKERS_HELP, training_env
 from benchmarks.options import parse_seeds
 from benchmarks.presets import ALGORITHMS, QUICK_SUITES, QUICK_WORKERS
+from learners.config import TrainConfig
+from learners.sft import warm_start
 from srpo_common import atomic_write_text
 
 
@@ -140,9 +142,6 @@ def quick_settings(suite: str) -> dict[str, Any]:
     """``presets.QUICK_SETTINGS[suite]``, refused with a one-line error when it holds a key ``bench quick``
     would silently ignore (an ``lr`` beside ``train`` instead of inside it never reaches the run) or a
     ``train`` key that is no ``TrainConfig`` field."""
-
-    from learners.trainer import TrainConfig
-
     settings = presets.QUICK_SETTINGS[suite]
     stray = sorted(set(settings) - _QUICK_SETTING_KEYS)
     unknown = sorted(set(settings["train"]) - {f.name for f in dataclasses.fields(TrainConfig)})
@@ -159,6 +158,7 @@ def merge_quick_outputs(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     """Top-level files of ``bench quick``: every suite's records, one leaderboard, one curves figure."""
     import pandas as pd
 
+    # pandas (and scipy) load here, not at start-up: +0.2 s on every srpo command otherwise
     from benchmarks.compare import decisions_markdown, write_records
     from benchmarks.report import plot_suite_panels, to_markdown, write_csv
 
@@ -199,7 +199,5 @@ _HELDOUT_COLUMNS = ["suite", "variant", "seed", "before", "after"]
 
 def _build_model(out: Path, recipe: str = "math") -> Path:
     """init-tiny + the shipped checkpoint's SFT recipe (``learners.presets.RECIPES``); 25-70 min on 2 cores."""
-    from learners.sft import warm_start
-
     warm_start(out, recipe, log=typer.echo)
     return out
