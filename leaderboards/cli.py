@@ -61,17 +61,27 @@ def _default_samples(record: LeaderboardRecord, base: Path) -> Path | None:
     return samples_path(base, record.evidence.samples_sha256) if record.evidence is not None else None
 
 
+def _checked_samples(
+    record: LeaderboardRecord, base: Path, grader: SampleGrader | None, path: Path | None = None
+) -> tuple[SampleSet | None, list[str]]:
+    """One record's evidence file (``path``, else ``base/samples/<sha256>.jsonl``) and its problems: the
+    file's own (size, hash, format) or every check of :func:`check_evidence`; (None, [why]) without one."""
+    if record.evidence is None:
+        return None, ["no per-sample evidence: its numbers cannot be checked"]
+    try:
+        sample_set = load_samples(path or samples_path(base, record.evidence.samples_sha256), record.evidence)
+    except EvidenceError as exc:
+        return None, [str(exc)]
+    return sample_set, check_evidence(record, sample_set, grader)
+
+
 def _evidence_errors(
     record: LeaderboardRecord, base: Path, grader: SampleGrader | None, allow_missing: bool
 ) -> list[str]:
     """Problems of one record's evidence (the sample file sits in ``base/samples/``)."""
-    if record.evidence is None:
-        return [] if allow_missing else ["no per-sample evidence: its numbers cannot be checked"]
-    try:
-        sample_set = load_samples(samples_path(base, record.evidence.samples_sha256), record.evidence)
-    except EvidenceError as exc:
-        return [str(exc)]
-    return check_evidence(record, sample_set, grader)
+    if record.evidence is None and allow_missing:
+        return []
+    return _checked_samples(record, base, grader)[1]
 
 
 def _describe(record: LeaderboardRecord) -> str:
@@ -196,17 +206,7 @@ def export(
         _fail([f"error: {file} is not a valid record: {exc.errors[0]}"], code=2)
     factory = _HOOKS["grader"]
     grader = factory() if factory is not None else None
-    sample_set: SampleSet | None = None
-    problems: list[str]
-    if record.evidence is None:
-        problems = ["it has no per-sample evidence"]
-    else:
-        path = samples or samples_path(file.parent, record.evidence.samples_sha256)
-        try:
-            sample_set = load_samples(path, record.evidence)
-            problems = check_evidence(record, sample_set, grader)
-        except EvidenceError as exc:
-            problems = [str(exc)]
+    sample_set, problems = _checked_samples(record, file.parent, grader, samples)
     if problems and not unverified:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         _fail([f"error: {record.name} is not verified: {problems[0]}{more}; pass --unverified to export it marked so"], code=2)

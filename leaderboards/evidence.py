@@ -196,7 +196,7 @@ def load_samples(path: str | os.PathLike[str], evidence: Evidence) -> SampleSet:
 # ------------------------------------------------------------------------------------------ metrics
 
 
-def _pass_at_k(n: int, c: int, k: int) -> float:
+def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k (Chen et al., 2021) as ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``."""
     if n - c < k:
         return 1.0
@@ -236,7 +236,7 @@ def _dataset_metrics(samples: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     if tokens_total > 0:
         out["utility"] = sum(correct) * 1_000_000 / tokens_total
     for kk in range(1, min(sizes) + 1):
-        out[f"pass@{kk}"] = math.fsum(_pass_at_k(n, c, kk) for c, n in zip(correct, sizes, strict=True))
+        out[f"pass@{kk}"] = math.fsum(pass_at_k(n, c, kk) for c, n in zip(correct, sizes, strict=True))
         out[f"pass@{kk}"] /= n_problems
     return out
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from srpo_common import atomic_write_text, canonical_json, sha256_bytes
 
-from .evidence import SampleSet
+from .evidence import SampleSet, pass_at_k
 from .schema import LeaderboardRecord, is_fraction_metric
 
 __all__ = [
@@ -79,12 +79,6 @@ def _per_problem(samples: Sequence[Mapping[str, Any]], dataset: str) -> tuple[li
     return sorted(by_task), by_task
 
 
-def _pass_at(n: int, c: int, k: int) -> float:
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
-
-
 def bootstrap_interval(
     samples: Sequence[Mapping[str, Any]], dataset: str, metric: str, k: int, level: float = 0.95
 ) -> tuple[float, float] | None:
@@ -100,7 +94,7 @@ def bootstrap_interval(
         j = int(metric[5:])
         if any(len(by_task[t]) < j for t in tasks):
             return None
-        values = np.array([_pass_at(len(by_task[t]), sum(by_task[t]), j) for t in tasks])
+        values = np.array([pass_at_k(len(by_task[t]), sum(by_task[t]), j) for t in tasks])
     else:
         return None
     rng = np.random.default_rng(0)
@@ -188,8 +182,8 @@ def to_eee(
     relationship: str = "first_party",
     verified: bool = True,
     question_of: QuestionLookup | None = None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The EEE aggregate object and its instance lines (empty without ``samples``)."""
+) -> tuple[dict[str, Any], str]:
+    """The EEE aggregate object and its instance file's JSONL text (empty without ``samples``)."""
     developer, model = _model(record)
     iso, epoch = _timestamp(record)
     _, samples_path = eee_paths(record)
@@ -271,13 +265,13 @@ def to_eee(
         "evaluation_results": results,
     }
     lines = _eee_instances(record, samples, evaluation_id, f"{developer}/{model}", question_of)
+    body = "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines)
     if lines:
-        body = "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines).encode("utf-8")
         aggregate["detailed_evaluation_results"] = {
             "format": "jsonl", "file_path": samples_path, "hash_algorithm": "sha256",
-            "checksum": sha256_bytes(body), "total_rows": len(lines),
+            "checksum": sha256_bytes(body.encode("utf-8")), "total_rows": len(lines),
         }  # fmt: skip
-    return aggregate, lines
+    return aggregate, body
 
 
 def _eee_instances(
@@ -413,14 +407,13 @@ def export_record(
     """Write ``record`` in format ``fmt`` under ``out`` (atomic writes); returns the files written."""
     out = Path(out)
     if fmt == "eee":
-        aggregate, lines = to_eee(
+        aggregate, body = to_eee(
             record, samples, organization=organization, relationship=relationship, verified=verified,
             question_of=question_of,
         )  # fmt: skip
         agg_path, samples_rel = eee_paths(record)
         written = [atomic_write_text(out / agg_path, json.dumps(aggregate, indent=2, sort_keys=True) + "\n")]
-        if lines:
-            body = "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines)
+        if body:
             written.append(atomic_write_text(out / samples_rel, body))
         return written
     if fmt == "hf":

@@ -66,6 +66,20 @@ def _train_config(out: str, n: int, iterations: int, tasks: int | None, seed: in
     )
 
 
+def train_stamped(trainer: Any) -> tuple[list[dict[str, Any]], list[float]]:
+    """``trainer.train()`` with the time each iteration's metrics row was written: the history, and the
+    stamps whose differences are the wall seconds per iteration."""
+    stamps: list[float] = []
+    append = trainer.run_state.append_metrics
+
+    def stamped(record: dict[str, Any]) -> None:
+        stamps.append(time.perf_counter())
+        append(record)
+
+    trainer.run_state.append_metrics = stamped
+    return trainer.train(), stamps
+
+
 def measure(n: int, iterations: int, tasks: int | None, seed: int, sync_threads: int) -> dict[str, Any]:
     """One run with ``max_staleness = n``: per-iteration wall and phase times (after the first)."""
     import sys
@@ -75,18 +89,10 @@ def measure(n: int, iterations: int, tasks: int | None, seed: int, sync_threads:
     print(f"measuring max_staleness={n} with {sync_threads} learner thread(s) ...", file=sys.stderr, flush=True)
 
     torch.set_num_threads(sync_threads)
-    stamps: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(_train_config(tmp, n, iterations, tasks, seed), log=None)
-        append = trainer.run_state.append_metrics
-
-        def stamped(record: dict[str, Any]) -> None:
-            stamps.append(time.perf_counter())
-            append(record)
-
-        trainer.run_state.append_metrics = stamped  # type: ignore[method-assign]
         t0 = time.perf_counter()
-        history = trainer.train()
+        history, stamps = train_stamped(trainer)
         total = time.perf_counter() - t0
         snapshot_s, load_s = _snapshot_costs(trainer)
     walls = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)]

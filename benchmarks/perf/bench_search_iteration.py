@@ -39,11 +39,13 @@ from typing import Any
 
 import torch
 
+from benchmarks.perf.bench_async import train_stamped
+
 SUITE = "quick-search"
 
 
 def _config(out: str, iterations: int, tasks: int | None, seed: int, **extra: Any) -> Any:
-    from benchmarks.presets import QUICK_SETTINGS, TRAINING_ENVS
+    from benchmarks.presets import QUICK_SETTINGS, TRAINING_ENVS  # see phases_and_flops
     from learners.config import TrainConfig
 
     env = TRAINING_ENVS[SUITE]
@@ -90,6 +92,7 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 def phases_and_flops(iterations: int, tasks: int | None, seed: int) -> dict[str, Any]:
     """Parts 1 and 2: one synchronous run with the phases timed and the update's forwards counted."""
+    # the model stack (transformers, the envs, the JVM's retriever) loads when a run starts, not for --help
     from agents.hf import HFPolicy
     from learners.trainer import Trainer
     from srpo_envs.retrievers import bm25
@@ -190,7 +193,7 @@ def matmul_flops(rows: int, hidden: int, width: int, repeats: int = 20) -> float
 
 def async_walls(iterations: int, tasks: int | None, seed: int) -> dict[str, float]:
     """Part 3: wall seconds per iteration (after the first) of sync, thread N=1 and Ray-worker N=1."""
-    from learners.trainer import Trainer
+    from learners.trainer import Trainer  # see phases_and_flops
 
     modes = {
         "sync": {},
@@ -201,19 +204,9 @@ def async_walls(iterations: int, tasks: int | None, seed: int) -> dict[str, floa
     threads = torch.get_num_threads()
     for name, extra in modes.items():
         torch.set_num_threads(threads)
-        stamps: list[float] = []
         with tempfile.TemporaryDirectory() as tmp:
             trainer = Trainer(_config(tmp, iterations, tasks, seed, **extra), log=None)
-            append = trainer.run_state.append_metrics
-
-            def stamped(
-                record: dict[str, Any], append: Callable[..., Any] = append, stamps: list[float] = stamps
-            ) -> None:
-                stamps.append(time.perf_counter())
-                append(record)
-
-            trainer.run_state.append_metrics = stamped  # type: ignore[method-assign]
-            trainer.train()
+            _, stamps = train_stamped(trainer)
             if trainer.scale.pool is not None:
                 trainer.scale.pool.close()
         walls[name] = statistics.fmean(b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True))
