@@ -26,3 +26,13 @@ if [ ! -x .venvs/lm-eval/bin/python ]; then
   .venvs/lm-eval/bin/python -m pip install -q --no-deps "lm-eval==0.4.13"
   .venvs/lm-eval/bin/python -m pip install -q "pytablewriter>=1.2"
 fi
+# verifiers (Prime Intellect's environment library) for the two doors between its envs and srpo's
+# (docs/verifiers.md): its requirements (openai>=2.54, mcp==2.0.0) collide with the search extra's
+# openai<=2.33 and openenv-core's mcp, so it gets its own venv that sees this environment's packages,
+# srpo included; .ci/verifiers.sh runs its tests there.
+if [ ! -x .venvs/verifiers/bin/vf-eval ]; then
+  python3 -m venv --system-site-packages .venvs/verifiers
+  .venvs/verifiers/bin/python -m pip install -q "verifiers==0.4.0"
+fi
+# srpo's own command in that venv (.venvs/verifiers/bin/srpo), on this checkout like the main one
+.venvs/verifiers/bin/python -m pip install -q --no-deps -e .

@@ -57,7 +57,11 @@ class RolePrompts:
 
 
 def prompts_for_env(env: object, overrides: Mapping[str, str] | None = None) -> RolePrompts:
-    """The prompt table matching an env (by its metadata name)."""
-    name = str(getattr(getattr(env, "unwrapped", env), "metadata", {}).get("name", ""))
+    """The prompt table matching an env (by its metadata name); an env that states its roles' system
+    prompts (a ``role_prompts`` mapping, as ``Verifiers-v0`` does with its taskset's) has them used, and
+    ``overrides`` win over both."""
+    unwrapped = getattr(env, "unwrapped", env)
+    name = str(getattr(unwrapped, "metadata", {}).get("name", ""))
     domain = "search" if "search" in name else "math"
-    return RolePrompts(domain=domain, overrides=dict(overrides or {}))
+    own = dict(getattr(unwrapped, "role_prompts", None) or {})
+    return RolePrompts(domain=domain, overrides={**own, **dict(overrides or {})})

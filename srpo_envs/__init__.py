@@ -53,5 +53,11 @@ register(
     dataset="hotpotqa",
     workflow="parallel",
 )
+register(
+    "Verifiers-v0",
+    "srpo_envs.verifiers_env:VerifiersEnv",
+    description="Any verifiers environment (taskset=<id>): its model calls as K=1 events, its rubric as reward.",
+    requires=("verifiers",),
+)
 
 __all__ = ["EnvKwargsError", "Event", "EventLog", "EnvSpec", "EventParallelEnv", "make", "register", "registry"]

@@ -7,6 +7,7 @@ offline on a fresh install; the test suite checks that for all ids.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,12 @@ class EnvSpec:
     entry_point: str | Callable[..., Any]
     kwargs: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    requires: tuple[str, ...] = ()
+    """Optional packages the env needs (``("verifiers",)``): without them it is listed but not built."""
+
+    def available(self) -> bool:
+        """Whether every package in :attr:`requires` can be imported here."""
+        return all(importlib.util.find_spec(name) is not None for name in self.requires)
 
     def load(self) -> Callable[..., Any]:
         if callable(self.entry_point):
@@ -67,12 +74,17 @@ plugins.watch("env", registry)  # type: ignore[arg-type]  # a plugin may add, no
 
 
 def register(
-    id: str, entry_point: str | Callable[..., Any], *, description: str = "", **kwargs: Any
+    id: str,
+    entry_point: str | Callable[..., Any],
+    *,
+    description: str = "",
+    requires: tuple[str, ...] = (),
+    **kwargs: Any,
 ) -> EnvSpec:
     """Register an env id; re-registering an id is an error (ids are versioned instead)."""
     if id in registry:
         raise ValueError(f"env id {id!r} is already registered")
-    spec = EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), description=description)
+    spec = EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), description=description, requires=requires)
     registry[id] = spec
     return spec
 

@@ -18,13 +18,15 @@ ignores the field). ``top_k`` <= 0 in a request turns it off, as in vLLM.
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 
 def _sample_top_k(pol: Any, req: Any, k: int) -> Any:
@@ -59,6 +61,22 @@ def _sample_top_k(pol: Any, req: Any, k: int) -> Any:
                 finish, stop_reason, text = "stop", hit, text[: text.index(hit) + len(hit)]
                 break
     return Generation(text, out, lps, prompt, pol.policy_version, finish, stop_reason)
+
+
+def _sse(answer: dict[str, Any]) -> Iterator[str]:
+    """A finished chat completion as OpenAI's server-sent chunks: the message, the finish reason, the usage."""
+    choice = answer["choices"][0]
+    head = {"id": "chatcmpl-standin", "object": "chat.completion.chunk", "model": answer["model"]}
+    delta = {"role": "assistant", "content": choice["message"]["content"]}
+    n_out, n_in = len(choice["token_ids"]), len(answer["prompt_token_ids"])
+    for chunk in (
+        {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
+        {**head, "choices": [], "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
+                                           "total_tokens": n_in + n_out}},
+    ):
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 def create_app(
@@ -164,8 +182,11 @@ def create_app(
         return {"object": "text_completion", "model": body["model"], "choices": [choice]}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> dict[str, Any]:
-        return await complete(request, chat=True)
+    async def chat_completions(request: Request) -> Any:
+        answer = await complete(request, chat=True)
+        if (await request.json()).get("stream"):  # verifiers' chat harness streams, as OpenAI's SDK may
+            return StreamingResponse(_sse(answer), media_type="text/event-stream")
+        return answer
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> dict[str, Any]:

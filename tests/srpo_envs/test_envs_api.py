@@ -10,14 +10,17 @@ from agents.scripted import ScriptedTeam
 from srpo_envs.conformance import check_api, check_events
 
 MATH_IDS = [i for i, s in srpo_envs.registry.items() if "math_verify" in str(s.entry_point)]
+#: Every env whose optional packages are installed here (Verifiers-v0 runs in .ci/verifiers.sh's venv, with
+#: fewer steps: each of its calls starts verifiers' harness program).
+BUILDABLE = sorted(i for i, s in srpo_envs.registry.items() if s.available())
 
 
-@pytest.mark.parametrize("env_id", sorted(srpo_envs.registry))
+@pytest.mark.parametrize("env_id", BUILDABLE)
 def test_make_without_arguments_and_pettingzoo_api(env_id: str) -> None:
     check_api(lambda: srpo_envs.make(env_id))
 
 
-@pytest.mark.parametrize("env_id", sorted(srpo_envs.registry))
+@pytest.mark.parametrize("env_id", BUILDABLE)
 def test_random_and_adversarial_steps(env_id: str) -> None:
     """2,000 steps of random Text samples and adversarial strings: no exception, no slow step, and each
     event consumes exactly the active set as it stood before the step (srpo_envs.conformance)."""
