@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -72,6 +73,17 @@ def _request_seed(seed: int, episode_id: str, step: int, agent: str) -> int:
     return int(digest[:8], 16)
 
 
+def _run_all(calls: Sequence[Callable[[], Any]], envs: Sequence[Any]) -> list[Any]:
+    """Every env's reset or step, in order; at once on up to ``metadata["concurrent_envs"]`` threads when
+    every env says its calls mostly wait on something else (``Verifiers-v0``: a harness process per model
+    call), so that waits overlap. Results keep their order: what an episode does never depends on when."""
+    limit = min((int(getattr(e, "metadata", {}).get("concurrent_envs", 1)) for e in envs), default=1)
+    if limit <= 1 or len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(max_workers=min(limit, len(calls)), thread_name_prefix="srpo-env") as pool:
+        return list(pool.map(lambda call: call(), calls))
+
+
 class RolloutCollector:
     """Runs an env with a role -> policy map and turns the episodes into learner rows.
 
@@ -114,14 +126,17 @@ class RolloutCollector:
         obs: list[dict[str, str]] = []
         infos: list[dict[str, dict[str, Any]]] = []
         group_ids: list[str] = []
+        resets: list[Callable[[], Any]] = []
         for (task, g), env in zip(plan, envs, strict=True):
             group_id = f"s{seed}-t{task}"
             episode_id = f"{group_id}-g{g}"
             reset_seed = _request_seed(seed, episode_id, -1, "reset")
-            o, inf = env.reset(seed=reset_seed, options={"task_index": task, "episode_id": episode_id})
+            options = {"task_index": task, "episode_id": episode_id}
+            resets.append(lambda env=env, s=reset_seed, o=options: env.reset(seed=s, options=o))
+            group_ids.append(group_id)
+        for o, inf in _run_all(resets, envs):
             obs.append(o)
             infos.append(inf)
-            group_ids.append(group_id)
         # (env index, step) -> {agent: (generation, state_text)}
         consumed: dict[tuple[int, int], dict[str, tuple[Generation, str]]] = {}
         while True:
@@ -146,8 +161,8 @@ class RolloutCollector:
             for (i, agent), gen in zip(owners, generations, strict=True):
                 actions[i][agent] = gen.text
                 consumed.setdefault((i, len(envs[i].events)), {})[agent] = (gen, envs[i].state())
-            for i in live:
-                o, _, _, _, inf = envs[i].step(actions[i])
+            steps = [lambda env=envs[i], a=actions[i]: env.step(a) for i in live]
+            for i, (o, _, _, _, inf) in zip(live, _run_all(steps, [envs[i] for i in live]), strict=True):
                 obs[i], infos[i] = o, inf
         return self._to_batch(envs, plan, group_ids, consumed)
 

@@ -24,6 +24,7 @@ from benchmarks.suites import (
     SUITES,
 )
 from learners.algorithms import ALGORITHMS as REGISTERED_ALGORITHMS
+from learners.presets import GYM_MIXTURE
 from learners.profiles import TINY
 from srpo_common import plugins
 
@@ -56,6 +57,9 @@ class TrainingEnv:
     recipe: str  # the ``learners.presets.RECIPES`` entry (``srpo model sft --recipe``) that rebuilds it
 
 
+#: quick-gym's warm start: mini-columns-sft, then the gym recipe's reasoning-gym passes.
+BUNDLED_GYM_MODEL = _CHECKPOINTS / "mini-gym-sft"
+
 #: Suites ``bench compare``/``ablation``/``quick`` can train on (evaluation is on the suite's test split).
 TRAINING_ENVS: dict[str, TrainingEnv] = {
     "quick-math": TrainingEnv(
@@ -73,6 +77,14 @@ TRAINING_ENVS: dict[str, TrainingEnv] = {
         {"dataset": "procedural-columns", "difficulty": [2, 3]},
         BUNDLED_COLUMNS_MODEL,
         "columns",
+    ),
+    # the two reasoning-gym families mixed, 512 training questions (the held-out split excludes them)
+    "quick-gym": TrainingEnv(
+        "MathVerify-v0",
+        "proposers-aggregator",
+        {"dataset": "reasoning-gym:composite", "dataset_config": GYM_MIXTURE, "dataset_size": 512},
+        BUNDLED_GYM_MODEL,
+        "gym",
     ),
     # RL in a world the warm start never saw; the suite evaluates in another unseen one
     "quick-search": TrainingEnv(
@@ -208,6 +220,7 @@ QUICK_SETTINGS: dict[str, dict[str, Any]] = {
     "quick-columns": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": BENCH_QUICK_PROBLEMS},
     "quick-columns-routed": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": BENCH_QUICK_PROBLEMS},
     "quick-columns-routed5": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": BENCH_QUICK_PROBLEMS},
+    "quick-gym": {"train": dict(_COLUMNS_TRAIN), "eval_k": 2, "eval_limit": BENCH_QUICK_PROBLEMS},
     "quick-math": {
         "train": {**QUICK_TRAIN, "iterations": 10},
         "eval_k": 2,

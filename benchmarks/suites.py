@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import srpo_envs
+from learners.presets import GYM_FAMILIES
 from srpo_common import plugins, sha256_json
 from srpo_envs.index_build import index_corpus_info
 from srpo_envs.tasks import math_data, search_data
@@ -159,7 +160,7 @@ class SuiteDataset:
             if self.dataset.startswith("procedural"):
                 extra = {k: kwargs[k] for k in ("difficulty", "max_operand") if k in kwargs}
                 return load_math(self.dataset, split=self.split or "test", limit=n, **extra)
-            return load_math(self.dataset, split=self.split, limit=n)
+            return load_math(self.dataset, split=self.split, limit=n, dataset_config=kwargs.get("dataset_config"))
         if self.dataset == "kb":
             _, tasks = _knowledge_base(int(kwargs.get("kb_seed", 0)), self.split or "test")
             return list(tasks[:n]) if n is not None else list(tasks)
@@ -485,6 +486,27 @@ register_suite(
         "quick-columns with a router choosing 1..n proposers and a per-member cost: the CPU-scale suite "
         "where the set size K varies between events.",
         default_workflow="routed",
+        protocols=_BENCH_QUICK,
+    )
+)
+register_suite(
+    Suite(
+        "quick-gym",
+        tuple(
+            SuiteDataset(
+                name.removeprefix("reasoning-gym:"),
+                "math",
+                name,
+                split="test",
+                limit=128,
+                env_id="MathVerify-v0",
+                env_kwargs={"dataset_config": config},
+            )
+            for name, config in GYM_FAMILIES.items()
+        ),
+        "Two reasoning-gym families, chain_sum and basic_arithmetic (sums and differences of 2-3 numbers "
+        "of up to 2 digits, each in its family's phrasing and graded by its family's scorer), test split "
+        "(<= 128 problems each, none among the first 2,048 training questions).",
         protocols=_BENCH_QUICK,
     )
 )

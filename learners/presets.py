@@ -54,6 +54,27 @@ _SEARCH_WORLDS: tuple[dict[str, Any], ...] = (
     {**_SEARCH, "steps": 2500, "seed": 3, "lr": 1e-3, "save_dtype": "bfloat16"},
 )
 
+#: The reasoning-gym suite's two families at CPU scale (benchmarks.suites "quick-gym"): sums and
+#: differences of two or three numbers of up to two digits, in each family's own phrasing.
+GYM_FAMILIES: dict[str, dict[str, Any]] = {
+    "reasoning-gym:chain_sum": {"min_terms": 2, "max_terms": 3, "max_digits": 2},
+    "reasoning-gym:basic_arithmetic": {
+        "min_terms": 2, "max_terms": 3, "max_digits": 2, "operators": ["+", "-"], "allow_parentheses": False,
+        "allow_negation": False,
+    },
+}
+#: The two families as one reasoning-gym composite dataset: what quick-gym's RL runs train on.
+GYM_MIXTURE: dict[str, Any] = {
+    "datasets": [{"name": name.removeprefix("reasoning-gym:"), "weight": 1.0, "config": config}
+                 for name, config in GYM_FAMILIES.items()]
+}
+_GYM: dict[str, Any] = {"difficulties": (1,), "lr": 1e-3, "warmup": 20, "refine_steps": 0, "tasks_per_difficulty": 1200}
+_CHAIN = {**_GYM, "dataset": "reasoning-gym:chain_sum", "dataset_config": GYM_FAMILIES["reasoning-gym:chain_sum"]}
+_BASIC = {
+    **_GYM, "dataset": "reasoning-gym:basic_arithmetic",
+    "dataset_config": GYM_FAMILIES["reasoning-gym:basic_arithmetic"],
+}
+
 #: Recipe name -> the SFT passes (``SFTConfig`` overrides), run one after another.
 RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
     "math": ({}, {"steps": 2000, "lr": 1e-3, "refine_steps": 0, "seed": 2}),
@@ -102,3 +123,12 @@ RECIPES: dict[str, tuple[dict[str, Any], ...]] = {
         },
     ),
 }
+# the columns warm start, then the reasoning-gym families with srpo's worked solutions, alternating so the
+# last pass does not erase the other family (the shipped mini-gym-sft ran these four on mini-columns-sft)
+RECIPES["gym"] = (
+    *RECIPES["columns"],
+    {**_CHAIN, "steps": 600, "seed": 6},
+    {**_BASIC, "steps": 600, "seed": 7},
+    {**_CHAIN, "steps": 200, "seed": 8, "lr": 5e-4},
+    {**_BASIC, "steps": 200, "seed": 9, "lr": 5e-4},
+)

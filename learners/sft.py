@@ -22,7 +22,7 @@ import random
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from srpo_common import atomic_write_text
 from srpo_envs.grading import extract_answer, grade
 from srpo_envs.math_verify import MathVerifyEnv
 from srpo_envs.search import SEARCH_WORKFLOWS, MultiTurnSearchEnv, episode_retrieved_ids, prebuild_kb_indexes
+from srpo_envs.tasks import reasoning_gym_data
 from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE, make_knowledge_base
 from srpo_envs.tasks.math_data import PROCEDURAL_FAMILIES
 from srpo_envs.tasks.procedural import slipped_solution
@@ -71,7 +72,10 @@ class SFTConfig:
     difficulties: tuple[int, ...] = (1, 2)
     """math: procedural difficulties the examples are drawn from."""
     dataset: str = "procedural"
-    """math: the procedural dataset, procedural (nested arithmetic) or procedural-columns (column addition)."""
+    """math: the dataset, procedural (nested arithmetic), procedural-columns (column addition) or a
+    reasoning-gym family with worked solutions (reasoning-gym:chain_sum, reasoning-gym:products)."""
+    dataset_config: dict[str, Any] = field(default_factory=dict)
+    """math: a reasoning-gym family's generator settings (chain_sum's max_terms, max_digits...)."""
     carry_slip: float = 0.0
     """procedural-columns: probability that a correct teacher solution is replaced by the same solution
     with its first carry forgotten (kept although wrong): a systematic, problem-independent error that
@@ -141,8 +145,11 @@ class SFTConfig:
             )
         if self.n_searchers < 1:
             raise ValueError(f"n_searchers must be >= 1, got {self.n_searchers}")
-        if self.dataset not in PROCEDURAL_FAMILIES:
-            raise ValueError(f"dataset must be one of {PROCEDURAL_FAMILIES}, got {self.dataset!r}")
+        worked = [f"{reasoning_gym_data.PREFIX}{f}" for f in reasoning_gym_data.WORKED_SOLUTIONS]
+        if self.dataset not in (*PROCEDURAL_FAMILIES, *worked):
+            raise ValueError(f"dataset must be one of {(*PROCEDURAL_FAMILIES, *worked)}, got {self.dataset!r}")
+        if self.dataset_config and not self.dataset.startswith(reasoning_gym_data.PREFIX):
+            raise ValueError(f"dataset_config applies to a reasoning-gym dataset, not {self.dataset!r}")
         if self.save_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"save_dtype must be float32 or bfloat16, got {self.save_dtype!r}")
         if self.prompt_loss_weight < 0:
@@ -181,6 +188,7 @@ def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list
                 difficulty=difficulty,
                 max_operand=cfg.max_operand,
                 dataset_size=cfg.tasks_per_difficulty,
+                dataset_config=cfg.dataset_config or None,
                 n_proposers=cfg.n_proposers,
             )
             team = ScriptedTeam.noisy_oracle(env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31))
@@ -387,8 +395,10 @@ def procedural_accuracy(
     seed: int = 1234,
     max_operand: int = 30,
     dataset: str = "procedural",
+    dataset_config: dict[str, Any] | None = None,
 ) -> float:
-    """Team accuracy on ``n`` procedural *test* problems (one sample each)."""
+    """Team accuracy on ``n`` *test* problems of a procedural dataset or a reasoning-gym family (one sample
+    each)."""
 
     def env_fn() -> MathVerifyEnv:
         return MathVerifyEnv(
@@ -398,6 +408,7 @@ def procedural_accuracy(
             difficulty=difficulty,
             max_operand=max_operand,
             dataset_size=n,
+            dataset_config=dataset_config or None,
         )
 
     return _held_out_accuracy(env_fn, policy, n, temperature, max_new_tokens, seed)
@@ -494,6 +505,7 @@ def warm_start_accuracy(
             cfg.max_new_tokens,
             max_operand=cfg.max_operand,
             dataset=cfg.dataset,
+            dataset_config=cfg.dataset_config,
         )
         for wf in ("proposers-aggregator",)
         for d in cfg.difficulties

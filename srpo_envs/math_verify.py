@@ -13,8 +13,8 @@ Rewards         the team outcome at episode end (below), written to every event;
                 ``format_penalty`` for an event holding an invalid output
 Datasets        ``dataset=``: a bundled name (``math500``, ``gsm8k_test``, ...),
                 ``procedural[-columns][:difficulty]``, ``reasoning-gym:<family>`` (graded by the
-                family's own ``score_answer``), a local file or a hub id
-                (:func:`srpo_envs.tasks.math_data.load_math`)
+                family's own ``score_answer``; ``dataset_config=`` sets its generator), a local file
+                or a hub id (:func:`srpo_envs.tasks.math_data.load_math`)
 ==============  ======================================================================================
 
 * ``solver-verifier`` (division of labour): ``propose`` (solver, K=1) -> ``verify`` (verifier, K=1)
@@ -72,6 +72,7 @@ class MathVerifyEnv(EventParallelEnv):
         tasks: list[MathTask] | None = None,
         split: str | None = None,
         dataset_size: int | None = None,
+        dataset_config: dict[str, Any] | None = None,
         difficulty: int | Sequence[int] = 2,
         max_operand: int = 30,
         n_proposers: int = 3,
@@ -92,6 +93,8 @@ class MathVerifyEnv(EventParallelEnv):
             raise ValueError("need n_proposers >= 1 and max_rounds >= 0")
         if member_cost < 0:
             raise ValueError(f"member_cost must be >= 0, got {member_cost}")
+        if dataset_config and not dataset.startswith(reasoning_gym_data.PREFIX):
+            raise ValueError(f"dataset_config sets a reasoning-gym family's generator; {dataset!r} is not one")
         self.member_cost = float(member_cost)
         self._limit = InputLimit(candidate_chars, candidate_tokens, tokenizer)
         self.workflow = workflow
@@ -121,7 +124,7 @@ class MathVerifyEnv(EventParallelEnv):
                 t for group in itertools.zip_longest(*per_level) for t in group if t is not None
             ]
         else:
-            self.tasks = load_math(dataset, split=split, limit=dataset_size)
+            self.tasks = load_math(dataset, split=split, limit=dataset_size, dataset_config=dataset_config)
         if not self.tasks:
             raise ValueError("no tasks")
         self.proposers = [f"proposer_{i}" for i in range(self.n_proposers)]

@@ -40,22 +40,25 @@ Elsewhere ``make("Verifiers-v0")`` stops with one line saying so. docs/verifiers
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import importlib
 import json
 import threading
 import time
+import uuid
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from srpo_envs.base import EventParallelEnv, Parsed, Transition
-from srpo_envs.env_server import BackgroundServer, serve_in_thread
+from srpo_envs.env_server import serve_in_thread
 
-#: The model name a seat's calls carry: how the endpoint knows which agent is asked.
+#: The model name a seat's calls carry (``srpo-seat:<env>:<seat>``): how the endpoint knows who is asked.
 SEAT_MODEL_PREFIX = "srpo-seat:"
 _LABELS = {"user": "User", "assistant": "Assistant", "tool": "Tool"}
 
@@ -114,10 +117,63 @@ def _sse(model: str, text: str) -> Iterator[str]:
     yield "data: [DONE]\n\n"
 
 
+class _Hub:
+    """The one event loop and the one endpoint every ``VerifiersEnv`` of a process shares.
+
+    verifiers keeps asyncio state (locks, pools) at module level, which must never be used from two event
+    loops: envs with a loop each hang once their episodes overlap. So every env's episodes run in this
+    loop, and its model calls arrive at this endpoint, routed by the model name ``srpo-seat:<env>:<seat>``.
+    """
+
+    _lock = threading.Lock()
+    _instance: _Hub | None = None
+
+    def __init__(self) -> None:
+        self.envs: weakref.WeakValueDictionary[str, VerifiersEnv] = weakref.WeakValueDictionary()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="srpo-verifiers", daemon=True).start()
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def complete(request: Request) -> Any:
+            body = await request.json()
+            uid, _, seat = str(body.get("model", "")).removeprefix(SEAT_MODEL_PREFIX).partition(":")
+            env = self.envs.get(uid)
+            if env is None:
+                raise HTTPException(404, f"no live env for model {body.get('model')!r}")
+            text = await env._ask(seat, list(body.get("messages") or []))
+            if body.get("stream"):
+                return StreamingResponse(_sse(body["model"], text), media_type="text/event-stream")
+            return {
+                "id": "chatcmpl-srpo", "object": "chat.completion", "created": int(time.time()),
+                "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            }
+
+        self.server = serve_in_thread(app)
+        atexit.register(self.shutdown)
+
+    def shutdown(self) -> None:
+        """Close every live env (their serving resources end cleanly), then stop the endpoint."""
+        for env in list(self.envs.values()):
+            with contextlib.suppress(Exception):
+                env.close()
+        self.server.stop()
+
+    @classmethod
+    def get(cls) -> _Hub:
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+
 class VerifiersEnv(EventParallelEnv):
     """A verifiers environment, its model calls as srpo events (module docstring)."""
 
-    metadata = {**EventParallelEnv.metadata, "name": "verifiers"}
+    #: ``concurrent_envs``: a batch of these envs is reset and stepped on 4 threads (agents.rollout), since
+    #: each call mostly waits for verifiers' harness process.
+    metadata = {**EventParallelEnv.metadata, "name": "verifiers", "concurrent_envs": 4}
 
     def __init__(
         self,
@@ -133,6 +189,7 @@ class VerifiersEnv(EventParallelEnv):
         **kwargs: Any,
     ) -> None:
         vf = import_verifiers()
+        self._uid = uuid.uuid4().hex
         from verifiers.v1.configs.agent import agent_config_fields
         from verifiers.v1.harnesses.null import NullHarnessConfig
         from verifiers.v1.runtimes import PrimeConfig, SubprocessConfig
@@ -144,7 +201,7 @@ class VerifiersEnv(EventParallelEnv):
         for name, spec in agent_config_fields(config).items():
             if spec.model is not None:
                 continue  # a seat with a model of its own plays inside verifiers
-            update: dict[str, Any] = {"model": SEAT_MODEL_PREFIX + name}
+            update: dict[str, Any] = {"model": f"{SEAT_MODEL_PREFIX}{self._uid}:{name}"}
             if spec.harness is None:
                 update["harness"] = NullHarnessConfig(id="null")
             if isinstance(spec.runtime, PrimeConfig) and "runtime" not in spec.model_fields_set:
@@ -173,7 +230,6 @@ class VerifiersEnv(EventParallelEnv):
         self._calls: list[_Call] = []
         self._episode: Any = None  # concurrent.futures.Future of the verifiers Episode
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: BackgroundServer | None = None
         self._stop_serving: asyncio.Event | None = None
         self._ctx: Any = None
         self._turns: list[str] = []
@@ -181,33 +237,11 @@ class VerifiersEnv(EventParallelEnv):
 
     # ------------------------------------------------------------------ the verifiers side
     def _start(self) -> None:
-        """The endpoint, an event loop for verifiers and its serving resources, once per env."""
+        """This env's serving resources, in the shared loop, once per env."""
         if self._loop is not None:
             return
-        app = FastAPI()
-
-        @app.post("/v1/chat/completions")
-        async def complete(request: Request) -> Any:
-            body = await request.json()
-            agent = str(body.get("model", "")).removeprefix(SEAT_MODEL_PREFIX)
-            call = _Call(agent, list(body.get("messages") or []), asyncio.get_running_loop(), None)  # type: ignore[arg-type]
-            call.reply = call.loop.create_future()
-            with self._cv:
-                self._calls.append(call)
-                self._cv.notify_all()
-            text = await call.reply
-            if body.get("stream"):
-                return StreamingResponse(_sse(body["model"], text), media_type="text/event-stream")
-            return {
-                "id": "chatcmpl-srpo", "object": "chat.completion", "created": int(time.time()),
-                "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            }
-
-        self._server = serve_in_thread(app)
-        loop = asyncio.new_event_loop()
-        threading.Thread(target=loop.run_forever, name="srpo-verifiers", daemon=True).start()
-        self._loop = loop
+        hub = _Hub.get()
+        hub.envs[self._uid] = self
         ready = threading.Event()
 
         async def hold() -> None:
@@ -216,13 +250,23 @@ class VerifiersEnv(EventParallelEnv):
                 ready.set()
                 await self._stop_serving.wait()
 
-        self._serving = asyncio.run_coroutine_threadsafe(hold(), loop)
+        self._serving = asyncio.run_coroutine_threadsafe(hold(), hub.loop)
         if not ready.wait(60) or self._serving.done():
             self._serving.result(timeout=0)  # its exception, if it failed
             raise RuntimeError("the verifiers env did not start serving within 60 s")
+        self._loop = hub.loop
         self._ctx = self._vf.ModelContext(
-            model="srpo", client=self._vf.EvalClientConfig(base_url=f"{self._server.url}/v1", api_key_var="SRPO_NONE")
+            model="srpo", client=self._vf.EvalClientConfig(base_url=f"{hub.server.url}/v1", api_key_var="SRPO_NONE")
         )
+
+    async def _ask(self, seat: str, messages: list[dict[str, Any]]) -> str:
+        """A model call of ``seat`` (in the endpoint's loop): queued as the next event, answered by step()."""
+        call = _Call(seat, messages, asyncio.get_running_loop(), None)  # type: ignore[arg-type]
+        call.reply = call.loop.create_future()
+        with self._cv:
+            self._calls.append(call)
+            self._cv.notify_all()
+        return await call.reply
 
     def _cancel_episode(self) -> None:
         """Stop an unfinished episode; its waiting calls get an empty reply."""
@@ -319,8 +363,5 @@ class VerifiersEnv(EventParallelEnv):
                 self._loop.call_soon_threadsafe(self._stop_serving.set)
             with contextlib.suppress(Exception):
                 self._serving.result(timeout=30)
-            self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+            _Hub.get().envs.pop(self._uid, None)

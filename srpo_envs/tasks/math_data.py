@@ -120,15 +120,23 @@ PROCEDURAL_FAMILIES = ("procedural", "procedural-columns")
 
 
 def load_math(
-    source: str = "math500", *, split: str | None = None, limit: int | None = None, **procedural_kwargs: Any
+    source: str = "math500",
+    *,
+    split: str | None = None,
+    limit: int | None = None,
+    dataset_config: dict[str, Any] | None = None,
+    **procedural_kwargs: Any,
 ) -> list[MathTask]:
     """Load math tasks from a bundled name, ``procedural[-columns][:difficulty]``, ``reasoning-gym:<family>``
     (:mod:`srpo_envs.tasks.reasoning_gym_data`), a local file or a hub id.
 
     ``split`` picks the procedural split (``train``/``test``), a training set's split (see the module
     docstring; default ``train``) or a hub split (default ``test``). A bundled evaluation set is one
-    split: ``None``/``test``/``all`` load it, anything else is an error.
+    split: ``None``/``test``/``all`` load it, anything else is an error. ``dataset_config`` sets a
+    reasoning-gym family's generator (chain_sum's ``max_terms``...).
     """
+    if dataset_config and not source.startswith(reasoning_gym_data.PREFIX):
+        raise ValueError(f"dataset_config sets a reasoning-gym family's generator; {source!r} is not one")
     if source in MATH_DATASETS:
         tasks = list(_load_bundled(source))
         if source in TRAINING_SETS:
@@ -149,7 +157,7 @@ def load_math(
         else:
             tasks = make_arithmetic_tasks(split=split or "train", **procedural_kwargs)
     elif source.startswith(reasoning_gym_data.PREFIX):
-        tasks = reasoning_gym_data.load_reasoning_gym(source, split, limit)
+        tasks = reasoning_gym_data.load_reasoning_gym(source, split, limit, dataset_config)
     elif Path(source).expanduser().is_file():
         path = Path(source).expanduser()
         tasks = [_to_task(r, path.name.split(".")[0], i) for i, r in enumerate(read_records(str(path)))]

@@ -55,3 +55,35 @@ def test_an_unknown_family_or_split_is_one_line() -> None:
 
 def test_the_env_passes_the_conformance_check() -> None:
     check_env(lambda: srpo_envs.make("MathVerify-v0", dataset="reasoning-gym:chain_sum", dataset_size=6, workflow="routed"))
+
+
+def test_dataset_config_sets_the_familys_generator() -> None:
+    config = {"min_terms": 2, "max_terms": 2, "max_digits": 1}
+    env = srpo_envs.make("MathVerify-v0", dataset="reasoning-gym:chain_sum", dataset_size=16, dataset_config=config)
+    expected = reasoning_gym.create_dataset("chain_sum", size=16, seed=1000, **config)
+    assert [t.problem for t in env.tasks] == [e["question"] for e in expected]
+    assert all(len(t.meta["reasoning_gym"]["entry"]["metadata"]["expression"].split()) == 3 for t in env.tasks)
+    with pytest.raises(ValueError, match="chain_sum has no setting max_numbers; it has: min_terms, max_terms"):
+        load_reasoning_gym("reasoning-gym:chain_sum", "train", 4, {"max_numbers": 2})
+    with pytest.raises(ValueError, match="dataset_config sets a reasoning-gym family's generator"):
+        srpo_envs.make("MathVerify-v0", dataset="procedural", dataset_config={"max_terms": 2})
+
+
+@pytest.mark.parametrize("family", ["chain_sum", "basic_arithmetic"])
+def test_worked_solutions_step_to_the_familys_answer(family: str) -> None:
+    config = {"max_terms": 3, "max_digits": 2}
+    if family == "basic_arithmetic":
+        config |= {"operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}
+    for task in load_reasoning_gym(f"reasoning-gym:{family}", "train", 64, config):
+        *steps, last = task.meta["solution"].splitlines()
+        total = None
+        for line in steps:  # "a op b = c", each line starting from the previous result
+            a, op, b, _, c = line.split()
+            assert total is None or int(a) == total
+            assert int(c) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+            total = int(c)
+        assert last == f"The answer is \\boxed{{{task.answer}}}." and total == int(task.answer)
+    # products, quotients and parentheses get no worked solution: the teacher answers only
+    tasks = load_reasoning_gym("reasoning-gym:basic_arithmetic", "train", 64)
+    assert any("solution" not in t.meta for t in tasks)
+    assert all("solution" not in t.meta for t in load_reasoning_gym("reasoning-gym:leg_counting", "train", 4))
