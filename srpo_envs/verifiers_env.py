@@ -189,10 +189,11 @@ class VerifiersEnv(EventParallelEnv):
         **kwargs: Any,
     ) -> None:
         vf = import_verifiers()
-        self._uid = uuid.uuid4().hex
         from verifiers.v1.configs.agent import agent_config_fields
         from verifiers.v1.harnesses.null import NullHarnessConfig
         from verifiers.v1.runtimes import PrimeConfig, SubprocessConfig
+
+        self._uid = uuid.uuid4().hex  # this env's calls carry it in their model name
 
         config = vf.resolve_env_config(
             {**(env_args or {}), "id": env_id, "taskset": {**(taskset_args or {}), "id": taskset}}
@@ -261,8 +262,8 @@ class VerifiersEnv(EventParallelEnv):
 
     async def _ask(self, seat: str, messages: list[dict[str, Any]]) -> str:
         """A model call of ``seat`` (in the endpoint's loop): queued as the next event, answered by step()."""
-        call = _Call(seat, messages, asyncio.get_running_loop(), None)  # type: ignore[arg-type]
-        call.reply = call.loop.create_future()
+        loop = asyncio.get_running_loop()
+        call = _Call(seat, messages, loop, loop.create_future())
         with self._cv:
             self._calls.append(call)
             self._cv.notify_all()

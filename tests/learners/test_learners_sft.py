@@ -153,6 +153,7 @@ def test_shipped_checkpoints_record_their_recipe() -> None:
         ("mini-search-sft", "search"),
         ("mini-search-worlds-sft", "search-worlds"),
         ("mini-search-worlds-routed-sft", "search-worlds-routed"),
+        ("mini-gym-sft", "gym"),
     ):
         report = json.loads((root / name / "sft_report.json").read_text())
         assert report["config"]["domain"] == ("search" if recipe.startswith("search") else "math")
