@@ -127,12 +127,13 @@ def given_warm_start(
 ) -> Path | None:
     """The ``bench quick`` option that names a suite's warm start, by its recipe's family: every search
     recipe (search, search-worlds, search-worlds-routed) takes ``--search-model``, every column recipe
-    ``--columns-model``, the math recipe ``--model``."""
+    ``--columns-model``, the math recipe ``--model``; any other (``gym``: quick-gym) has no option, and
+    its suite starts from its bundled warm start (else one built from its recipe)."""
     if recipe.startswith("search"):
         return search_model
     if recipe.startswith("columns"):
         return columns_model
-    return model
+    return model if recipe == "math" else None
 
 
 _QUICK_SETTING_KEYS = frozenset({"train", "eval_k", "eval_limit", "seeds"})

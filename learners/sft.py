@@ -73,7 +73,7 @@ class SFTConfig:
     """math: procedural difficulties the examples are drawn from."""
     dataset: str = "procedural"
     """math: the dataset, procedural (nested arithmetic), procedural-columns (column addition) or a
-    reasoning-gym family with worked solutions (reasoning-gym:chain_sum, reasoning-gym:products)."""
+    reasoning-gym family with worked solutions (reasoning-gym:chain_sum, reasoning-gym:basic_arithmetic)."""
     dataset_config: dict[str, Any] = field(default_factory=dict)
     """math: a reasoning-gym family's generator settings (chain_sum's max_terms, max_digits...)."""
     carry_slip: float = 0.0
