@@ -498,15 +498,16 @@ register_suite(
                 "math",
                 name,
                 split="test",
-                limit=128,
+                limit=256,
                 env_id="MathVerify-v0",
                 env_kwargs={"dataset_config": config},
             )
             for name, config in GYM_FAMILIES.items()
         ),
-        "Two reasoning-gym families, chain_sum and basic_arithmetic (sums and differences of 2-3 numbers "
-        "of up to 2 digits, each in its family's phrasing and graded by its family's scorer), test split "
-        "(<= 128 problems each, none among the first 2,048 training questions).",
+        "Two reasoning-gym families, chain_sum (three one-digit numbers added and subtracted) and "
+        "basic_arithmetic (a sum of two numbers of 2-3 digits), each in its family's phrasing and graded by "
+        "its family's scorer, test split (of 256 drawn per family, those not among the first 2,048 "
+        "training questions).",
         protocols=_BENCH_QUICK,
     )
 )

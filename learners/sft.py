@@ -73,13 +73,15 @@ class SFTConfig:
     """math: procedural difficulties the examples are drawn from."""
     dataset: str = "procedural"
     """math: the dataset, procedural (nested arithmetic), procedural-columns (column addition) or a
-    reasoning-gym family with worked solutions (reasoning-gym:chain_sum, reasoning-gym:basic_arithmetic)."""
+    reasoning-gym family with worked solutions (reasoning-gym:chain_sum, reasoning-gym:basic_arithmetic), or
+    reasoning-gym:composite mixing them (one pass on the mixture: alternating single-family passes forget)."""
     dataset_config: dict[str, Any] = field(default_factory=dict)
     """math: a reasoning-gym family's generator settings (chain_sum's max_terms, max_digits...)."""
     carry_slip: float = 0.0
-    """procedural-columns: probability that a correct teacher solution is replaced by the same solution
-    with its first carry forgotten (kept although wrong): a systematic, problem-independent error that
-    RL on training problems removes on held-out ones too (srpo_envs.tasks.procedural.slipped_solution)."""
+    """procedural-columns, or a reasoning-gym sum of two numbers: probability that a correct teacher solution
+    is replaced by the same solution with its first carry forgotten (kept although wrong): a systematic,
+    problem-independent error that RL on training problems removes on held-out ones too
+    (srpo_envs.tasks.procedural.slipped_solution, reasoning_gym_data.slipped_solution)."""
     max_operand: int = 9
     """math: largest operand of the procedural problems."""
     tasks_per_difficulty: int = 1200
@@ -146,8 +148,19 @@ class SFTConfig:
         if self.n_searchers < 1:
             raise ValueError(f"n_searchers must be >= 1, got {self.n_searchers}")
         worked = [f"{reasoning_gym_data.PREFIX}{f}" for f in reasoning_gym_data.WORKED_SOLUTIONS]
-        if self.dataset not in (*PROCEDURAL_FAMILIES, *worked):
-            raise ValueError(f"dataset must be one of {(*PROCEDURAL_FAMILIES, *worked)}, got {self.dataset!r}")
+        composite = f"{reasoning_gym_data.PREFIX}composite"
+        if self.dataset not in (*PROCEDURAL_FAMILIES, *worked, composite):
+            raise ValueError(
+                f"dataset must be one of {(*PROCEDURAL_FAMILIES, *worked, composite)}, got {self.dataset!r}"
+            )
+        if self.dataset == composite:  # a mixture: every family in it needs srpo's worked solutions
+            mixed = [d["name"] if isinstance(d, dict) else d.name for d in self.dataset_config.get("datasets") or []]
+            unworked = [name for name in mixed if name not in reasoning_gym_data.WORKED_SOLUTIONS]
+            if not mixed or unworked:
+                raise ValueError(
+                    f"a reasoning-gym:composite SFT dataset mixes families with worked solutions "
+                    f"({', '.join(reasoning_gym_data.WORKED_SOLUTIONS)}); got {', '.join(unworked) or 'none'}"
+                )
         if self.dataset_config and not self.dataset.startswith(reasoning_gym_data.PREFIX):
             raise ValueError(f"dataset_config applies to a reasoning-gym dataset, not {self.dataset!r}")
         if self.save_dtype not in ("float32", "bfloat16"):
@@ -198,7 +211,9 @@ def build_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int], list
                         role = infos[agent]["role"]
                         solves = role in ("proposer", "solver")
                         if solves and cfg.carry_slip > 0 and rng.random() < cfg.carry_slip:
-                            slipped = slipped_solution(env.task)
+                            slipped = slipped_solution(env.task) or reasoning_gym_data.slipped_solution(
+                                env.task
+                            )
                             if slipped is not None:  # the task has a carry to forget
                                 examples.append(
                                     _example(tokenizer, prompts, end, agent, role, obs[agent], slipped)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from srpo_envs.tasks.procedural import column_solution
 from srpo_envs.tasks.task import MathTask
 
 #: The ``dataset=`` prefix that names a reasoning-gym family.
@@ -102,9 +103,9 @@ def load_reasoning_gym(
     return tasks
 
 
-def _left_to_right(entry: dict[str, Any]) -> str | None:
-    """``34 + 7 - 12`` one operation per line, left to right; None for an expression with anything but
-    integers, ``+`` and ``-`` (products, quotients, parentheses)."""
+def _left_to_right(entry: dict[str, Any]) -> tuple[list[str], int] | None:
+    """``34 + 7 - 12`` one operation per line, left to right, and the value; None for an expression with
+    anything but integers, ``+`` and ``-`` (products, quotients, parentheses)."""
     terms = str(entry["metadata"]["expression"]).split()
     if len(terms) % 2 == 0 or any(op not in ("+", "-") for op in terms[1::2]):
         return None
@@ -117,12 +118,29 @@ def _left_to_right(entry: dict[str, Any]) -> str | None:
         after = total + term if op == "+" else total - term
         lines.append(f"{total} {op} {term} = {after}")
         total = after
-    return "\n".join(lines)
+    return lines, total
+
+
+def _two_number_sum(entry: dict[str, Any]) -> tuple[int, int] | None:
+    """``(a, b)`` of an entry whose expression is ``a + b`` of two non-negative integers, else None."""
+    terms = str(entry["metadata"].get("expression", "")).split()
+    if len(terms) == 3 and terms[1] == "+" and terms[0].isdigit() and terms[2].isdigit():
+        return int(terms[0]), int(terms[2])
+    return None
+
+
+def _columns_or_left_to_right(entry: dict[str, Any]) -> tuple[list[str], int] | None:
+    """A sum of two non-negative numbers column by column, ones first (the lines of srpo's
+    ``procedural-columns`` solutions, a skill the tiny warm starts already have, so a short SFT pass
+    only has to teach the family's phrasing); any other chain of ``+`` and ``-`` left to right."""
+    pair = _two_number_sum(entry)
+    return column_solution(*pair) if pair is not None else _left_to_right(entry)
 
 
 #: Families srpo writes a worked solution for: what the SFT teacher of the ``gym`` warm start imitates
-#: (``MathTask.meta["solution"]``), since reasoning-gym ships answers only.
-WORKED_SOLUTIONS = {"chain_sum": _left_to_right, "basic_arithmetic": _left_to_right}
+#: (``MathTask.meta["solution"]``), since reasoning-gym ships answers only. A writer returns the step
+#: lines and the value they reach, or None for an entry it does not cover.
+WORKED_SOLUTIONS = {"chain_sum": _columns_or_left_to_right, "basic_arithmetic": _columns_or_left_to_right}
 
 
 def worked_solution(family: str, entry: dict[str, Any]) -> str | None:
@@ -131,13 +149,29 @@ def worked_solution(family: str, entry: dict[str, Any]) -> str | None:
     if family == "composite":  # the entry's own family writes it
         family = str(entry["metadata"].get("source_dataset", ""))
     write = WORKED_SOLUTIONS.get(family)
-    steps = write(entry) if write is not None else None
-    if steps is None:
+    written = write(entry) if write is not None else None
+    if written is None:
         return None
-    last = steps.rsplit("= ", 1)[-1]
-    if last != str(entry["answer"]):
-        raise ValueError(f"worked solution of {family} ends at {last}, not the entry's answer {entry['answer']}")
-    return f"{steps}\nThe answer is \\boxed{{{entry['answer']}}}."
+    steps, value = written
+    if str(value) != str(entry["answer"]):
+        raise ValueError(f"worked solution of {family} reaches {value}, not the entry's answer {entry['answer']}")
+    return "\n".join([*steps, f"The answer is \\boxed{{{entry['answer']}}}."])
+
+
+def slipped_solution(task: MathTask) -> str | None:
+    """The column solution of a reasoning-gym sum of two numbers with its first carry forgotten (the
+    slip :func:`srpo_envs.tasks.procedural.column_solution` writes, ending at the wrong answer it
+    reaches); None for any other task or a sum with no carry to forget. An SFT teacher mixes these in
+    (``SFTConfig.carry_slip``) to give the warm start a systematic error that RL can remove."""
+    spec = task.meta.get("reasoning_gym")
+    pair = _two_number_sum(spec["entry"]) if spec is not None else None
+    if pair is None:
+        return None
+    a, b = pair
+    steps, value = column_solution(a, b, forget_carry=True)
+    if value == a + b:
+        return None
+    return "\n".join([*steps, f"The answer is \\boxed{{{value}}}."])
 
 
 def score_answer(task: MathTask, answer: str | None) -> float | None:

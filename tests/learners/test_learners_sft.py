@@ -121,6 +121,27 @@ def test_sft_rejects_unknown_domain_and_dataset() -> None:
         SFTConfig(dataset="procedural-chess")
 
 
+def test_a_reasoning_gym_mixture_teaches_every_family_in_it(tiny_model_dir: Path) -> None:
+    """One pass over ``reasoning-gym:composite`` imitates each family's worked solutions in its own
+    phrasing (the gym recipe mixes its families: one-family passes in turn forget the other); a mixture
+    with a family srpo writes no solutions for is refused in one line."""
+    from learners.presets import GYM_MIXTURE
+
+    policy = HFPolicy(tiny_model_dir)
+    cfg = _small_cfg(dataset="reasoning-gym:composite", dataset_config=GYM_MIXTURE, difficulties=(1,),
+                     tasks_per_difficulty=60, workflows=("proposers-aggregator",))
+    proposals = [(p, t) for p, t, role in build_examples(policy.tokenizer, cfg) if role == "proposer"]
+    prompts = [policy.tokenizer.decode(p) for p, _ in proposals]
+    solutions = [policy.tokenizer.decode(t[:-1]) for _, t in proposals]
+    assert any("State the final answer to the following arithmetic problem" in p for p in prompts)
+    assert any("Calculate " in p for p in prompts)
+    assert all(s.endswith(".") and "\\boxed{" in s for s in solutions)
+    mixed = {"datasets": [{"name": "chain_sum", "weight": 1.0, "config": {}},
+                          {"name": "leg_counting", "weight": 1.0, "config": {}}]}
+    with pytest.raises(ValueError, match="mixes families with worked solutions .*; got leg_counting$"):
+        SFTConfig(dataset="reasoning-gym:composite", dataset_config=mixed)
+
+
 def test_recipe_chains_passes_and_keeps_the_whole_recipe(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch
 ) -> None:

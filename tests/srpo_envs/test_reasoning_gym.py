@@ -71,7 +71,7 @@ def test_dataset_config_sets_the_familys_generator() -> None:
 
 @pytest.mark.parametrize("family", ["chain_sum", "basic_arithmetic"])
 def test_worked_solutions_step_to_the_familys_answer(family: str) -> None:
-    config = {"max_terms": 3, "max_digits": 2}
+    config = {"min_terms": 3, "max_terms": 3, "max_digits": 2}
     if family == "basic_arithmetic":
         config |= {"operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}
     for task in load_reasoning_gym(f"reasoning-gym:{family}", "train", 64, config):
@@ -83,6 +83,37 @@ def test_worked_solutions_step_to_the_familys_answer(family: str) -> None:
             assert int(c) == (int(a) + int(b) if op == "+" else int(a) - int(b))
             total = int(c)
         assert last == f"The answer is \\boxed{{{task.answer}}}." and total == int(task.answer)
+
+
+def test_a_slipped_sum_forgets_its_first_carry() -> None:
+    from srpo_envs.tasks.reasoning_gym_data import slipped_solution
+
+    config = {"min_terms": 2, "max_terms": 2, "max_digits": 2, "operators": ["+"], "allow_parentheses": False}
+    tasks = {t.problem: t for t in load_reasoning_gym("reasoning-gym:basic_arithmetic", "test", 8, config)}
+    assert slipped_solution(tasks["Calculate 6 + 39."]) == "6 + 9 = 15\n0 + 3 = 3\nThe answer is \\boxed{35}."
+    assert slipped_solution(tasks["Calculate 74 + 1."]) is None  # no carry to forget
+    chains = load_reasoning_gym("reasoning-gym:chain_sum", "train", 16, {"min_terms": 3, "max_terms": 3})
+    assert all(slipped_solution(t) is None for t in chains)
+
+
+def test_a_sum_of_two_numbers_is_worked_in_columns() -> None:
+    # the lines of srpo's procedural-columns solutions: ones first, the carry added to the next column
+    config = {"min_terms": 2, "max_terms": 2, "max_digits": 2, "operators": ["+"], "allow_parentheses": False}
+    tasks = {t.problem: t for t in load_reasoning_gym("reasoning-gym:basic_arithmetic", "test", 8, config)}
+    assert tasks["Calculate 32 + 59."].meta["solution"] == "2 + 9 = 11\n3 + 5 + 1 = 9\nThe answer is \\boxed{91}."
+    assert tasks["Calculate 6 + 39."].meta["solution"] == "6 + 9 = 15\n0 + 3 + 1 = 4\nThe answer is \\boxed{45}."
+    chains = load_reasoning_gym("reasoning-gym:chain_sum", "train", 64, {"max_terms": 2, "max_digits": 2})
+    for task in chains:  # a difference stays one line; a sum's column lines spell its answer
+        a, op, b = task.problem.removeprefix("State the final answer to the following arithmetic problem: ").split()[:3]
+        *steps, _ = task.meta["solution"].splitlines()
+        if op == "-":
+            assert steps == [f"{a} - {b} = {int(a) - int(b)}"]
+        else:
+            digits = [int(line.rsplit("= ", 1)[1]) for line in steps]
+            carry = digits[-1] // 10
+            assert int(f"{carry or ''}" + "".join(str(d % 10) for d in reversed(digits))) == int(task.answer)
+
+
     # products, quotients and parentheses get no worked solution: the teacher answers only
     tasks = load_reasoning_gym("reasoning-gym:basic_arithmetic", "train", 64)
     assert any("solution" not in t.meta for t in tasks)
