@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from agents.hf import HFPolicy
+from learners.presets import GYM_MIXTURE
 from learners.sft import SFTConfig, _batch, build_examples, run_sft
 
 pytestmark = pytest.mark.numeric  # floats from torch kernels: rerun under other CPU kernel sets (.ci/kernel_sets.sh)
@@ -125,8 +126,6 @@ def test_a_reasoning_gym_mixture_teaches_every_family_in_it(tiny_model_dir: Path
     """One pass over ``reasoning-gym:composite`` imitates each family's worked solutions in its own
     phrasing (the gym recipe mixes its families: one-family passes in turn forget the other); a mixture
     with a family srpo writes no solutions for is refused in one line."""
-    from learners.presets import GYM_MIXTURE
-
     policy = HFPolicy(tiny_model_dir)
     cfg = _small_cfg(dataset="reasoning-gym:composite", dataset_config=GYM_MIXTURE, difficulties=(1,),
                      tasks_per_difficulty=60, workflows=("proposers-aggregator",))

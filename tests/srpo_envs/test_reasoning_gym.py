@@ -10,7 +10,7 @@ import reasoning_gym
 import srpo_envs
 from agents.scripted import ScriptedTeam
 from srpo_envs.conformance import check_env
-from srpo_envs.tasks.reasoning_gym_data import load_reasoning_gym
+from srpo_envs.tasks.reasoning_gym_data import load_reasoning_gym, slipped_solution
 
 
 def _play(env, answer_of=None):
@@ -83,11 +83,13 @@ def test_worked_solutions_step_to_the_familys_answer(family: str) -> None:
             assert int(c) == (int(a) + int(b) if op == "+" else int(a) - int(b))
             total = int(c)
         assert last == f"The answer is \\boxed{{{task.answer}}}." and total == int(task.answer)
+    # products, quotients and parentheses get no worked solution: the teacher answers only
+    tasks = load_reasoning_gym("reasoning-gym:basic_arithmetic", "train", 64)
+    assert any("solution" not in t.meta for t in tasks)
+    assert all("solution" not in t.meta for t in load_reasoning_gym("reasoning-gym:leg_counting", "train", 4))
 
 
 def test_a_slipped_sum_forgets_its_first_carry() -> None:
-    from srpo_envs.tasks.reasoning_gym_data import slipped_solution
-
     config = {"min_terms": 2, "max_terms": 2, "max_digits": 2, "operators": ["+"], "allow_parentheses": False}
     tasks = {t.problem: t for t in load_reasoning_gym("reasoning-gym:basic_arithmetic", "test", 8, config)}
     assert slipped_solution(tasks["Calculate 6 + 39."]) == "6 + 9 = 15\n0 + 3 = 3\nThe answer is \\boxed{35}."
@@ -113,8 +115,3 @@ def test_a_sum_of_two_numbers_is_worked_in_columns() -> None:
             carry = digits[-1] // 10
             assert int(f"{carry or ''}" + "".join(str(d % 10) for d in reversed(digits))) == int(task.answer)
 
-
-    # products, quotients and parentheses get no worked solution: the teacher answers only
-    tasks = load_reasoning_gym("reasoning-gym:basic_arithmetic", "train", 64)
-    assert any("solution" not in t.meta for t in tasks)
-    assert all("solution" not in t.meta for t in load_reasoning_gym("reasoning-gym:leg_counting", "train", 4))
