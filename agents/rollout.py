@@ -210,6 +210,8 @@ class RolloutCollector:
                             reward=float(event.reward),
                             outcome_reward=team,
                             penalty=team - float(event.reward),
+                            # the env's own charge, part of ``team`` unless a reward_fn replaced it
+                            member_cost=0.0 if "env_reward" in outcome else float(outcome.get("member_cost", 0.0)),
                             correct=bool(outcome.get("correct", False)),
                             state_text=state_text,
                             response_text=event.outputs[agent],

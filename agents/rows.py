@@ -45,6 +45,7 @@ class Row:
     reward: float  # the event's reward: the team outcome minus ``penalty``
     outcome_reward: float = 0.0  # the episode's team outcome
     penalty: float = 0.0  # the event's own penalty (e.g. an invalid output's format penalty), >= 0
+    member_cost: float = 0.0  # what the env charged the episode for the members it sent (in outcome_reward)
     correct: bool = False
     state_text: str = ""  # shared state before the event: what a centralised critic reads
     response_text: str = ""

@@ -20,6 +20,8 @@ from benchmarks.suites import (
     QUICK_COLUMNS_MAX_PROPOSERS,
     QUICK_SEARCH_MAX_SEARCHERS,
     QUICK_SEARCH_MEMBER_COST,
+    QUICK_SEARCH_TEAM_SOURCES,
+    QUICK_SEARCH_TEAM_TOP_K,
     ROUTED_MEMBER_COST,
     SUITES,
 )
@@ -102,6 +104,21 @@ TRAINING_ENVS: dict[str, TrainingEnv] = {
             "kb_seed": QUICK_SEARCH_TRAIN_KB_SEED,
             "n_searchers": QUICK_SEARCH_MAX_SEARCHERS,
             "member_cost": QUICK_SEARCH_MEMBER_COST,
+        },
+        BUNDLED_SEARCH_WORLDS_ROUTED_MODEL,
+        "search-worlds-routed",
+    ),
+    # the team suite: each searcher consults its own source, so a question needs 1..4 of them; it starts
+    # from the routed warm start (a routed SFT pass in this team read worse: docs/results/search-team.md)
+    "quick-search-team": TrainingEnv(
+        "MultiTurnSearch-v0",
+        "routed",
+        {
+            "kb_seed": QUICK_SEARCH_TRAIN_KB_SEED,
+            "n_searchers": QUICK_SEARCH_MAX_SEARCHERS,
+            "member_cost": QUICK_SEARCH_MEMBER_COST,
+            "searcher_sources": QUICK_SEARCH_TEAM_SOURCES,
+            "top_k": QUICK_SEARCH_TEAM_TOP_K,
         },
         BUNDLED_SEARCH_WORLDS_ROUTED_MODEL,
         "search-worlds-routed",
@@ -242,6 +259,8 @@ QUICK_SETTINGS: dict[str, dict[str, Any]] = {
         "seeds": (0,),
     },
     "quick-search-routed": {"train": dict(_SEARCH_TRAIN), "eval_k": 4, "eval_limit": 64},
+    # every one of the team suite's 208 held-out questions (world 1's test split), two samples each
+    "quick-search-team": {"train": dict(_SEARCH_TRAIN), "eval_k": 2, "eval_limit": 256},
 }
 
 #: Comparison variants: name -> ``TrainConfig`` overrides.

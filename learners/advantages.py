@@ -55,6 +55,8 @@ __all__ = [
     "get_adv_estimator",
     "group_relative_event_advantages",
     "register_adv_estimator",
+    "MEMBER_COST_ADVANTAGES",
+    "member_cost_advantages",
 ]
 
 SINGLETON_POLICIES = ("zero", "raw", "error")
@@ -327,6 +329,29 @@ def at_grpo_advantages(
     gkey, _ = _slots(key, torch.zeros_like(key))
     adv = group_relative_event_advantages(rewards, gkey, cfg.eps, cfg.singleton, cfg.unbiased, cfg.scale)
     return AdvantageResult(adv.double(), stats=_group_stats(adv, gkey))
+
+
+#: How the member cost an env charges (``Row.member_cost``) reaches the advantage: ``in-outcome`` (the
+#: estimator sees the team reward as the env gives it) or ``apart`` (the estimator sees the outcome without
+#: the cost, and :func:`member_cost_advantages` adds the cost back at its own scale).
+MEMBER_COST_ADVANTAGES = ("in-outcome", "apart")
+
+
+def member_cost_advantages(table: EventTable) -> Tensor:
+    """``float64[R]``: every row's episode member cost against its task group's mean, in reward units,
+    ``-(c_i - mean_g c)``: centred, never divided by a standard deviation.
+
+    Why: with the cost inside the outcome, a group whose rollouts all fail differs only in what they paid,
+    and a std-normalised advantage turns 0.02-0.10 of cost into a full-size push toward fewer members on
+    exactly the questions the team cannot solve yet (quick-search-routed's router fell to K=1 that way).
+    Apart, the outcome is normalised on its own and the cost stays as large as it is."""
+    cost = table.episode_member_cost
+    if cost is None:
+        return torch.zeros(table.num_rows, dtype=torch.float64)
+    groups = int(table.episode_group.max()) + 1
+    total = torch.zeros(groups, dtype=torch.float64).index_add_(0, table.episode_group, cost)
+    count = torch.zeros(groups, dtype=torch.float64).index_add_(0, table.episode_group, torch.ones_like(cost))
+    return -(cost - (total / count)[table.episode_group])[table.row_episode]
 
 
 def _first_appearance(keys: Sequence[Hashable]) -> tuple[Tensor, list[Hashable]]:

@@ -134,6 +134,8 @@ class EventTable:
         episode_group: ``LongTensor[N]`` episode -> task group (the G rollouts of one task).
         episode_outcome: ``float64[N]`` the episode's team outcome.
         roles: the distinct roles.
+        episode_member_cost: ``float64[N]`` the part of the outcome the env charged for the members the
+            episode sent (:attr:`agents.rows.Row.member_cost`; 0 where the env charges none).
     """
 
     rows: list[Row]
@@ -153,6 +155,7 @@ class EventTable:
     episode_group: Tensor
     episode_outcome: Tensor
     roles: list[str]
+    episode_member_cost: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -177,6 +180,17 @@ class EventTable:
         """
         pen = torch.zeros_like(self.episode_outcome).index_add_(0, self.event_episode, self.event_penalty)
         return self.episode_outcome - pen
+
+    def without_member_cost(self) -> EventTable:
+        """This table with the member cost added back to every reward term: what the outcome alone is
+        (``TrainConfig.member_cost_advantage="apart"`` normalises it apart from the cost)."""
+        cost = self.episode_member_cost if self.episode_member_cost is not None else torch.zeros_like(self.episode_outcome)
+        return replace(
+            self,
+            event_reward=self.event_reward + cost[self.event_episode],
+            episode_outcome=self.episode_outcome + cost,
+            episode_member_cost=torch.zeros_like(cost),
+        )
 
     def k_histogram(self) -> dict[int, int]:
         """K -> number of events with that K."""
@@ -221,10 +235,11 @@ def build_event_table(rows: Sequence[Row]) -> EventTable:
     episode_first: dict[int, Row] = {}
     for i, ep in enumerate(row_episode.tolist()):
         ref = episode_first.setdefault(ep, rows[i])
-        if (ref.outcome_reward, ref.group_id) != (rows[i].outcome_reward, rows[i].group_id):
+        mine = (rows[i].outcome_reward, rows[i].group_id, rows[i].member_cost)
+        if (ref.outcome_reward, ref.group_id, ref.member_cost) != mine:
             raise ValueError(
-                f"rows of episode {ref.episode_id!r} disagree on outcome_reward or group_id: "
-                f"{(ref.outcome_reward, ref.group_id)} vs {(rows[i].outcome_reward, rows[i].group_id)}"
+                f"rows of episode {ref.episode_id!r} disagree on outcome_reward, group_id or member_cost: "
+                f"{(ref.outcome_reward, ref.group_id, ref.member_cost)} vs {mine}"
             )
     episode_group, _ = _first_appearance_ids([episode_first[n].group_id for n in range(len(episode_ids))])
     event_group, _ = _first_appearance_ids([(r.group_id, *r.comparable_key) for r in first])
@@ -248,6 +263,9 @@ def build_event_table(rows: Sequence[Row]) -> EventTable:
             [episode_first[n].outcome_reward for n in range(len(episode_ids))], dtype=torch.float64
         ),
         roles=[str(r) for r in roles],
+        episode_member_cost=torch.tensor(
+            [episode_first[n].member_cost for n in range(len(episode_ids))], dtype=torch.float64
+        ),
     )
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import srpo_envs
 from learners import guard
-from learners.advantages import ADV_SCALES, get_adv_estimator
+from learners.advantages import ADV_SCALES, MEMBER_COST_ADVANTAGES, get_adv_estimator
 from learners.algorithms import get_algorithm
 from learners.distributed import DP_ENGINES
 from learners.dynamic_sampling import FILTER_SIGNALS
@@ -95,7 +95,7 @@ TRAIN_SECTIONS: dict[str, tuple[str, ...]] = {
     "update": (
         "epochs", "rows_per_batch", "minibatches_per_iter", "forward_rows", "max_tokens_per_microbatch",
         "prefix_tree", "pack_len", "lr", "warmup", "weight_decay", "max_grad_norm", "clip_eps",
-        "clip_eps_high", "norm", "agg", "adv_scale", "adv_estimator", "policy_loss", "kl_coef",
+        "clip_eps_high", "norm", "agg", "adv_scale", "adv_estimator", "member_cost_advantage", "policy_loss", "kl_coef",
         "entropy_coef", "tis", "tis_cap", "staleness_correction",
     ),
     # a critic's own settings (MAPPO) and its GAE
@@ -461,6 +461,9 @@ class TrainConfig:
     """group-relative advantage scale: std or none (None: the algorithm's; dr-grpo uses none)"""
     adv_estimator: str | None = None
     """override the algorithm's advantage estimator (a name in ADV_ESTIMATORS)"""
+    member_cost_advantage: str = "in-outcome"
+    """an env's member cost in the advantage: in-outcome (part of the reward the estimator normalises) or
+    apart (the outcome normalised alone, the cost added centred in its group at its own scale)"""
     policy_loss: str | None = None
     """override the algorithm's policy loss (a name in POLICY_LOSSES)"""
     kl_coef: float = 0.0
@@ -667,6 +670,10 @@ class TrainConfig:
         scale = self.resolved("adv_scale")
         if scale is not None and scale not in ADV_SCALES:
             raise ValueError(f"adv_scale must be one of {ADV_SCALES}, got {scale!r}")
+        if self.member_cost_advantage not in MEMBER_COST_ADVANTAGES:
+            raise ValueError(
+                f"member_cost_advantage must be one of {MEMBER_COST_ADVANTAGES}, got {self.member_cost_advantage!r}"
+            )
         if min(self.clip_range()[0], self.clip_range()[1] or 0.0) < 0:
             raise ValueError(f"clip_eps and clip_eps_high must be >= 0, got {self.clip_range()}")
         if self.tis not in TIS_MODES:

@@ -38,7 +38,13 @@ from learners.presets import RECIPES
 from srpo_common import atomic_write_text
 from srpo_envs.grading import extract_answer, grade
 from srpo_envs.math_verify import MathVerifyEnv
-from srpo_envs.search import SEARCH_WORKFLOWS, MultiTurnSearchEnv, episode_retrieved_ids, prebuild_kb_indexes
+from srpo_envs.search import (
+    SEARCH_WORKFLOWS,
+    SEARCHER_SOURCES,
+    MultiTurnSearchEnv,
+    episode_retrieved_ids,
+    prebuild_kb_indexes,
+)
 from srpo_envs.tasks import reasoning_gym_data
 from srpo_envs.tasks.knowledge_base import SFT_WORLD_SEED_BASE, make_knowledge_base
 from srpo_envs.tasks.math_data import PROCEDURAL_FAMILIES
@@ -113,6 +119,10 @@ class SFTConfig:
     """search: the workflow the teacher team plays, parallel or routed (its router sends 1..n_searchers)."""
     n_searchers: int = 2
     """search: searchers of the teacher team (routed: the most its router sends)."""
+    searcher_sources: str = "shared"
+    """search: what each searcher searches: shared (the whole corpus) or by-kind (its own entity kind)."""
+    search_top_k: int = 3
+    """search: passages each searcher's query retrieves."""
     kb_worlds: int = 0
     """search: 0 plays every episode in the world kb_seed, so the model can memorise its facts; N > 0
     plays each episode in one of N invented training worlds (kb_seed SFT_WORLD_SEED_BASE + 0..N-1, drawn
@@ -145,8 +155,10 @@ class SFTConfig:
             raise ValueError(
                 f"search_workflow must be one of {SEARCH_WORKFLOWS}, got {self.search_workflow!r}"
             )
-        if self.n_searchers < 1:
-            raise ValueError(f"n_searchers must be >= 1, got {self.n_searchers}")
+        if self.n_searchers < 1 or self.search_top_k < 1:
+            raise ValueError(f"n_searchers and search_top_k must be >= 1, got {self.n_searchers}, {self.search_top_k}")
+        if self.searcher_sources not in SEARCHER_SOURCES:
+            raise ValueError(f"searcher_sources must be one of {SEARCHER_SOURCES}, got {self.searcher_sources!r}")
         worked = [f"{reasoning_gym_data.PREFIX}{f}" for f in reasoning_gym_data.WORKED_SOLUTIONS]
         composite = f"{reasoning_gym_data.PREFIX}composite"
         if self.dataset not in (*PROCEDURAL_FAMILIES, *worked, composite):
@@ -271,7 +283,7 @@ def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int
     rng = random.Random(cfg.seed)
     worlds = training_worlds(cfg)
     if len(worlds) > 1:
-        prebuild_kb_indexes(worlds)
+        prebuild_kb_indexes(worlds, searcher_sources=cfg.searcher_sources)
     envs: dict[int, tuple[Any, ScriptedTeam, list[int]]] = {}
     examples: list[tuple[list[int], list[int], str]] = []
     for i in range(cfg.search_episodes):
@@ -283,6 +295,8 @@ def build_search_examples(tokenizer: Any, cfg: SFTConfig) -> list[tuple[list[int
                 kb_seed=world,
                 workflow=cfg.search_workflow,
                 n_searchers=cfg.n_searchers,
+                searcher_sources=cfg.searcher_sources,
+                top_k=cfg.search_top_k,
             )
             team = ScriptedTeam.search_teacher(
                 env, p_correct=cfg.p_correct, seed=rng.randint(0, 2**31), copy_spacing=cfg.copy_spacing

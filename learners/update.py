@@ -23,7 +23,7 @@ import torch
 from agents.policy import PolicyMap
 from agents.rollout import RolloutBatch
 from learners import state_check
-from learners.advantages import AdvantageConfig, AdvantageResult, get_adv_estimator
+from learners.advantages import AdvantageConfig, AdvantageResult, get_adv_estimator, member_cost_advantages
 from learners.batching import (
     Batch,
     EventTable,
@@ -123,7 +123,12 @@ class PolicyUpdate:
         adv_cfg = AdvantageConfig(
             scale=self.section.adv_scale, gamma=self.critic_cfg.gamma, gae_lambda=self.critic_cfg.gae_lambda
         )
-        return estimator(table, adv_cfg, values)
+        if self.section.member_cost_advantage == "in-outcome":
+            return estimator(table, adv_cfg, values)
+        result = estimator(table.without_member_cost(), adv_cfg, values)
+        cost = member_cost_advantages(table)
+        stats = {**result.stats, "actor/member_cost_adv_abs": float(cost.abs().mean())}
+        return replace(result, advantages=result.advantages + cost, stats=stats)
 
     def loss_config(self, denominator: float | None = None) -> LossConfig:
         return loss_config(self.section, self.norm_len, denominator)

@@ -47,6 +47,17 @@ register(
     workflow="routed",
 )
 register(
+    "MultiTurnSearch-Team-v0",
+    "srpo_envs.search:MultiTurnSearchEnv",
+    description="A router picks 1..5 searchers, each consulting its own source (people, companies, cities, "
+    "countries); procedural knowledge base, BM25, one passage per searcher.",
+    dataset="kb",
+    workflow="routed",
+    n_searchers=5,
+    searcher_sources="by-kind",
+    top_k=1,
+)
+register(
     "MultiTurnSearch-HotpotQA-v0",
     "srpo_envs.search:MultiTurnSearchEnv",
     description="HotpotQA questions over the bundled 22,633-passage corpus, BM25 via pyserini.",

@@ -2,7 +2,8 @@
 
 ==============  ======================================================================================
 Make            ``srpo_envs.make("MultiTurnSearch-v0", dataset=..., retriever=...)``; registered
-                presets: ``MultiTurnSearch-Routed-v0``, ``MultiTurnSearch-HotpotQA-v0``
+                presets: ``MultiTurnSearch-Routed-v0``, ``MultiTurnSearch-Team-v0`` (sources by kind),
+                ``MultiTurnSearch-HotpotQA-v0``
 Agents          ``searcher_0..n-1``, ``aggregator``; routed: ``router`` first
 Spaces          observation and action: :class:`srpo_envs.spaces.UnicodeText` (any NUL-free string
                 of at most ``max_obs_chars`` / ``max_action_chars``)
@@ -31,6 +32,15 @@ reported as a secondary metric. Search events record their tool calls (``info["t
 ``member_cost`` (default 0) is subtracted from the team reward per searcher per search event, so a
 routed team pays for every member it sends. ``index=DIR`` searches a prebuilt ``srpo index build``
 directory instead of indexing the default corpus.
+
+Sources (``searcher_sources``): with ``"shared"`` (the default) every searcher queries the whole corpus,
+so searchers that send the same query bring the same passages and a larger team buys nothing. With
+``"by-kind"`` (the invented worlds only, ``dataset="kb"``) each searcher consults its own source:
+``searcher_i`` searches the passages of one entity kind, :data:`KB_SOURCES` in order (people, companies,
+cities, countries; a fifth searcher starts the cycle again), like a team whose members own a people
+directory, a company registry and a gazetteer. A question then needs as many searchers as the furthest
+source of its gold passages: a question about a person one, about a company two, a city three, a
+country four (``needed_searchers``), and a member beyond that only costs. The prompts do not change.
 """
 
 from __future__ import annotations
@@ -55,6 +65,12 @@ _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 MAX_QUERY_CHARS = 512
 MAX_ANSWER_CHARS = 512
 SEARCH_WORKFLOWS = ("parallel", "routed")
+#: What each searcher searches: the whole corpus, or (invented worlds) its own kind of entity.
+SEARCHER_SOURCES = ("shared", "by-kind")
+#: The invented worlds' sources in searcher order under ``searcher_sources="by-kind"``: the largest
+#: first (most questions are about people), so a router's K is how many sources it consults.
+KB_SOURCES = ("person", "company", "city", "country")
+_KB_KIND_RE = re.compile(r"^kb-?\d+-(person|company|city|country)\d+$")
 
 
 def _last(pattern: re.Pattern[str], text: str) -> str | None:
@@ -87,10 +103,20 @@ class MultiTurnSearchEnv(EventParallelEnv):
         member_cost: float = 0.0,
         index: str | Path | None = None,
         kb_seed: int | Sequence[int] = 0,
+        searcher_sources: str = "shared",
         render_mode: str | None = None,
     ) -> None:
         if workflow not in SEARCH_WORKFLOWS:
             raise ValueError(f"workflow must be one of {SEARCH_WORKFLOWS}, got {workflow!r}")
+        if searcher_sources not in SEARCHER_SOURCES:
+            raise ValueError(f"searcher_sources must be one of {SEARCHER_SOURCES}, got {searcher_sources!r}")
+        if searcher_sources == "by-kind" and (
+            dataset != "kb" or index is not None or corpus is not None or retriever_url is not None
+        ):
+            raise ValueError(
+                "searcher_sources='by-kind' splits an invented world's passages by entity kind: it needs "
+                "dataset='kb' and the world's own corpus (no index=, corpus= or retriever_url=)"
+            )
         if n_searchers < 1 or max_turns < 1 or top_k < 1:
             raise ValueError("need n_searchers, max_turns and top_k >= 1")
         self.workflow = workflow
@@ -115,6 +141,14 @@ class MultiTurnSearchEnv(EventParallelEnv):
             self.retriever = _make_retriever(
                 retriever, corpus if corpus is not None else default_corpus, retriever_url
             )
+        self.searcher_sources = searcher_sources
+        #: One retriever per source (``by-kind``), in :data:`KB_SOURCES` order; empty when shared.
+        self.source_retrievers: list[Retriever] = []
+        if searcher_sources == "by-kind":
+            backend = retriever if isinstance(retriever, str) else retriever.name
+            self.source_retrievers = [
+                _make_retriever(backend, shard, None) for shard in split_by_kind(default_corpus)
+            ]
         self.searchers = [f"searcher_{i}" for i in range(self.n_searchers)]
         agents = [*self.searchers, "aggregator"]
         if workflow == "routed":
@@ -181,7 +215,7 @@ class MultiTurnSearchEnv(EventParallelEnv):
             self._phase = "search"
         elif phase == "search":
             queries = {a: p.value for a, p in parsed.items() if p.valid}
-            results = self.retriever.search(list(queries.values()), self.top_k) if queries else []
+            results = self._retrieve(queries)
             for (agent, query), passages in zip(queries.items(), results, strict=True):
                 self._evidence.append(
                     {"turn": self._turn, "agent": agent, "query": query, "passages": passages}
@@ -192,6 +226,8 @@ class MultiTurnSearchEnv(EventParallelEnv):
             info["inputs_truncated"] = sum(len(p.text) > self.passage_chars for ps in results for p in ps)
             info["queries"] = queries
             info["retrieved_ids"] = {a: [p.id for p in ps] for a, ps in zip(queries, results, strict=True)}
+            if self.source_retrievers:
+                info["sources"] = {a: self.searcher_source(a) for a in queries}
             self._phase = "aggregate"
         else:
             p = parsed["aggregator"]
@@ -206,6 +242,39 @@ class MultiTurnSearchEnv(EventParallelEnv):
                 info["answer"] = self._answer
                 done = True
         return Transition(done=done, info=info)
+
+    def searcher_source(self, agent: str) -> str:
+        """The source ``agent`` searches: ``"corpus"`` when shared, else its kind in :data:`KB_SOURCES`."""
+        if not self.source_retrievers:
+            return "corpus"
+        return KB_SOURCES[self.searchers.index(agent) % len(KB_SOURCES)]
+
+    def _retrieve(self, queries: dict[str, str]) -> list[list[Any]]:
+        """Passages for each searcher's query, in ``queries`` order: one batched call per retriever."""
+        if not queries:
+            return []
+        if not self.source_retrievers:
+            return self.retriever.search(list(queries.values()), self.top_k)
+        by_source: dict[int, list[str]] = {}
+        for agent in queries:
+            by_source.setdefault(KB_SOURCES.index(self.searcher_source(agent)), []).append(agent)
+        found: dict[str, list[Any]] = {}
+        for source, agents in by_source.items():
+            batch = self.source_retrievers[source].search([queries[a] for a in agents], self.top_k)
+            found.update(zip(agents, batch, strict=True))
+        return [found[a] for a in queries]
+
+    @property
+    def needed_searchers(self) -> int | None:
+        """Fewest searchers that can reach every gold passage of the current task under ``by-kind``
+        sources (the furthest gold source's position + 1); ``None`` when sources are shared or the task
+        names no gold passages."""
+        if not self.source_retrievers:
+            return None
+        kinds = [passage_kind(pid) for pid in (self.task.meta or {}).get("gold_passage_ids") or []]
+        if not kinds or None in kinds:
+            return None
+        return 1 + max(KB_SOURCES.index(k) for k in kinds)
 
     def _outcome(self) -> tuple[float, dict[str, Any]]:
         golds = list(self.task.answers)
@@ -222,6 +291,8 @@ class MultiTurnSearchEnv(EventParallelEnv):
         }
         if self.workflow == "routed":
             facts["team_size"] = self._team_size
+        if self.needed_searchers is not None:
+            facts["needed_searchers"] = self.needed_searchers
         reward = float(em)
         if self.member_cost:
             members = sum(len(h["outputs"]) for h in self._history if h["phase"] == "search")
@@ -246,18 +317,29 @@ class MultiTurnSearchEnv(EventParallelEnv):
 
     # ------------------------------------------------------------------ text
     def _information(self) -> str:
-        """Retrieved passages (deduplicated, in retrieval order) as environment text."""
+        """Retrieved passages (deduplicated, in :meth:`_read_order`) as environment text."""
         seen: set[str] = set()
         lines = []
-        for e in self._evidence:
-            for p in e["passages"]:
-                if p.id in seen:
-                    continue
-                seen.add(p.id)
-                lines.append(f"({p.title}) {_clip(p.text, self.passage_chars)}")
+        for p in self._read_order():
+            if p.id in seen:
+                continue
+            seen.add(p.id)
+            lines.append(f"({p.title}) {_clip(p.text, self.passage_chars)}")
         if not lines:
             return "<information>none</information>"
         return "<information>\n" + "\n".join(lines) + "\n</information>"
+
+    def _read_order(self) -> list[Any]:
+        """Retrieved passages in the order the team reads them: retrieval order, except that with
+        ``by-kind`` sources each turn's passages are merged by retrieval score (a federated search's
+        merge), so the source that matched a query best comes first whatever its searcher's position."""
+        if not self.source_retrievers:
+            return [p for e in self._evidence for p in e["passages"]]
+        ordered: list[Any] = []
+        for turn in dict.fromkeys(e["turn"] for e in self._evidence):
+            found = [p for e in self._evidence if e["turn"] == turn for p in e["passages"]]
+            ordered += sorted(found, key=lambda p: -p.score)
+        return ordered
 
     def _observe(self, agent: str) -> str:
         question = f"Question: {self.task.question}\n"
@@ -328,6 +410,28 @@ def episode_retrieved_ids(events: Sequence[Any]) -> set[str]:
     }
 
 
+def passage_kind(passage_id: str) -> str | None:
+    """The entity kind of an invented world's passage id (``kb3-company7`` -> ``company``); ``None`` for
+    any other id."""
+    found = _KB_KIND_RE.match(passage_id)
+    return found.group(1) if found else None
+
+
+def split_by_kind(passages: Sequence[Any]) -> list[list[Any]]:
+    """An invented world's passages (one world or several pooled) as one list per :data:`KB_SOURCES` kind,
+    in that order; ``ValueError`` if a passage id names no kind or a kind has no passage."""
+    shards: dict[str, list[Any]] = {k: [] for k in KB_SOURCES}
+    for p in passages:
+        kind = passage_kind(p.id)
+        if kind is None:
+            raise ValueError(f"passage id {p.id!r} is not an invented world's (kb<seed>-<kind><i>)")
+        shards[kind].append(p)
+    empty = [k for k, ps in shards.items() if not ps]
+    if empty:
+        raise ValueError(f"no passages of kind {empty} to give their searchers")
+    return [shards[k] for k in KB_SOURCES]
+
+
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -396,17 +500,22 @@ def oracle_query(env: MultiTurnSearchEnv, searcher_index: int) -> str:
     return env.task.question
 
 
-def prebuild_kb_indexes(kb_seeds: Sequence[int], cache_dir: str | Path | None = None) -> int:
+def prebuild_kb_indexes(
+    kb_seeds: Sequence[int], cache_dir: str | Path | None = None, searcher_sources: str = "shared"
+) -> int:
     """Build the BM25 index of every invented world in ``kb_seeds`` that is not cached yet, in batches
     (one JVM per :data:`~srpo_envs.retrievers.bm25.INDEXER_BATCH` worlds); returns how many were built.
 
     Why: a ``MultiTurnSearch-v0`` env of a world indexes its 200 passages on first use, and a fresh JVM
     per world (~3.3 s) would dominate a warm start that plays in a thousand worlds. Envs made afterwards
-    (``dataset="kb"``, ``kb_seed`` in ``kb_seeds``, the default ``bm25`` retriever) find their index cached.
+    (``dataset="kb"``, ``kb_seed`` in ``kb_seeds``, the default ``bm25`` retriever) find their index cached;
+    ``searcher_sources="by-kind"`` also builds each world's four source indexes.
     """
 
     corpora = []
     for seed in kb_seeds:
         passages, _ = make_knowledge_base(seed=seed, split="all")
         corpora.append((passages, corpus_fingerprint(passages)))
+        if searcher_sources == "by-kind":
+            corpora += [(shard, corpus_fingerprint(shard)) for shard in split_by_kind(passages)]
     return sum(built for _, built in build_lucene_indexes(corpora, cache_dir))
