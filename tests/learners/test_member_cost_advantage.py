@@ -61,3 +61,19 @@ def test_rollout_rows_carry_the_envs_member_cost() -> None:
     assert torch.allclose(
         table.without_member_cost().episode_outcome, table.episode_outcome + table.episode_member_cost
     )
+
+
+def test_the_trainer_takes_the_cost_apart_when_configured(tiny_model_dir, tmp_path) -> None:  # noqa: ANN001
+    from learners.trainer import Trainer
+    from tests._builders import update_check_config
+
+    trainer = Trainer(update_check_config(tiny_model_dir, tmp_path), log=None)
+    table = build_event_table(_group([0.0, 0.0, 1.0, 1.0], [0.02, 0.06, 0.02, 0.06]))
+    joint = trainer.updater.advantages(table)
+    trainer.reconfigure(member_cost_advantage="apart")
+    apart = trainer.updater.advantages(table)
+    expected = get_adv_estimator("srpo")(table.without_member_cost(), AdvantageConfig()).advantages
+    assert torch.allclose(apart.advantages, expected + member_cost_advantages(table))
+    assert torch.allclose(apart.advantages, torch.tensor([-0.98, -1.02, 1.02, 0.98], dtype=torch.float64), atol=1e-5)
+    assert not torch.allclose(apart.advantages, joint.advantages)
+    assert apart.stats["actor/member_cost_adv_abs"] == pytest.approx(0.02)
