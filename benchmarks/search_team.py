@@ -20,7 +20,7 @@ Each team plays the suite's held-out questions in the ``parallel`` workflow with
 search event has exactly K members) and no member cost. A question's *need* is
 :attr:`srpo_envs.search.MultiTurnSearchEnv.needed_searchers`: with ``searcher_sources="by-kind"`` the
 position of the furthest source holding one of its gold passages. Intervals: 95% percentile bootstrap
-over questions (``scipy.stats.bootstrap``; a question's k samples stay together).
+over questions (:func:`benchmarks.metrics.bootstrap_ci`; a question's k samples stay together).
 """
 
 from __future__ import annotations
@@ -30,12 +30,17 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.stats import bootstrap
 
+from agents.policy import PolicyMap, SamplingParams
 from agents.scripted import ScriptedTeam
+from benchmarks.evaluate import evaluate, team_k
+from benchmarks.metrics import bootstrap_ci
 from benchmarks.suites import get_suite
 from srpo_common import atomic_write_text
 from srpo_envs.search import KB_SOURCES, MultiTurnSearchEnv, passage_kind
@@ -75,9 +80,7 @@ def model_rows(
     model: str, suite: str, team_size: int, k: int, limit: int | None = None, seed: int = 0
 ) -> list[dict[str, Any]]:
     """One row per (question, sample): the model's team at ``team_size`` searchers."""
-    from agents.hf import HFPolicy
-    from agents.policy import PolicyMap, SamplingParams
-    from benchmarks.evaluate import evaluate
+    from agents.hf import HFPolicy  # torch and transformers (~2.5 s): only a --model table needs them
 
     result = evaluate(
         PolicyMap.shared(HFPolicy(model)),
@@ -93,17 +96,6 @@ def model_rows(
     return result.samples[["problem_id", "sample_idx", "correct"]].to_dict("records")
 
 
-def _interval(per_question: np.ndarray) -> tuple[float, float]:
-    from scipy.stats import bootstrap
-
-    if len(per_question) < 2 or np.all(per_question == per_question[0]):
-        value = float(per_question.mean()) if len(per_question) else float("nan")
-        return value, value
-    ci = bootstrap((per_question,), np.mean, confidence_level=0.95, n_resamples=2000, method="percentile",
-                   random_state=0).confidence_interval  # fmt: skip
-    return float(ci.low), float(ci.high)
-
-
 def fixed_k_table(rows: pd.DataFrame, hops: dict[str, int], needs: dict[str, int]) -> pd.DataFrame:
     """Accuracy (%) with its interval per (team, K) and per stratum: all, each hop, each need."""
     out = []
@@ -114,7 +106,7 @@ def fixed_k_table(rows: pd.DataFrame, hops: dict[str, int], needs: dict[str, int
         for name, sel in strata:
             part = grp if sel is None else grp[grp[sel[0]] == sel[1]]
             per_q = part.groupby("problem_id")["correct"].mean().to_numpy(dtype=float)
-            low, high = _interval(per_q)
+            _, low, high = bootstrap_ci(per_q)
             out.append({"team": team, "K": int(size), "stratum": name, "questions": len(per_q),
                         "accuracy": 100 * float(per_q.mean()), "low": 100 * low, "high": 100 * high})  # fmt: skip
     return pd.DataFrame(out)
@@ -125,9 +117,8 @@ PAPER_MEAN_K = 1.638
 
 
 def _difference_interval(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """95% percentile bootstrap interval of ``mean(a) - mean(b)`` (independent samples)."""
-    from scipy.stats import bootstrap
-
+    """95% percentile bootstrap interval of ``mean(a) - mean(b)`` (independent samples: each resampled
+    apart, which :func:`benchmarks.metrics.bootstrap_ci`'s one-sample resampling does not do)."""
     def diff(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
         return x.mean(axis=axis) - y.mean(axis=axis)
 
@@ -144,13 +135,11 @@ def router_k(samples: pd.DataFrame, needs: dict[str, int]) -> dict[str, Any]:
     samples and seeds averaged first), and the difference between questions that need more than one
     searcher and those that need one, with its interval: a router that conditions on the question
     sends more searchers where they are needed (difference > 0); one that learned a single K does not."""
-    from benchmarks.evaluate import team_k
-
     frame = samples.assign(K=[team_k(list(v)) for v in samples["ks"]], need=samples["problem_id"].map(needs))
     per_q = frame.groupby("problem_id").agg(K=("K", "mean"), need=("need", "first"))
     out: dict[str, Any] = {"mean_k": float(frame["K"].mean()), "attempts": len(frame), "by_need": {}}
     for need, grp in per_q.groupby("need"):
-        low, high = _interval(grp["K"].to_numpy(dtype=float))
+        _, low, high = bootstrap_ci(grp["K"].to_numpy(dtype=float))
         out["by_need"][int(need)] = {"questions": len(grp), "mean_k": float(grp["K"].mean()), "low": low, "high": high}
     one, more = per_q.loc[per_q["need"] == 1, "K"].to_numpy(float), per_q.loc[per_q["need"] > 1, "K"].to_numpy(float)
     if len(one) > 1 and len(more) > 1:
@@ -162,8 +151,6 @@ def router_k(samples: pd.DataFrame, needs: dict[str, int]) -> dict[str, Any]:
 def router_k_report(compare_dir: str, needs: dict[str, int]) -> str:
     """:func:`router_k` for every method of a ``srpo bench compare`` output (its ``evals/<method>/seed*/``
     samples), as a markdown table beside the paper's mean K."""
-    from pathlib import Path
-
     rows = []
     for method_dir in sorted(p for p in (Path(compare_dir) / "evals").iterdir() if p.is_dir()):
         files = sorted(method_dir.glob("seed*/eval_samples.parquet"))

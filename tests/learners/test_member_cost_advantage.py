@@ -11,7 +11,8 @@ from agents.policy import PolicyMap
 from agents.rollout import RolloutCollector
 from learners.advantages import AdvantageConfig, get_adv_estimator, member_cost_advantages
 from learners.batching import build_event_table
-from tests._builders import make_row
+from learners.trainer import Trainer
+from tests._builders import make_row, update_check_config
 from tests.agents.test_rollout import EchoPolicy
 
 
@@ -64,9 +65,6 @@ def test_rollout_rows_carry_the_envs_member_cost() -> None:
 
 
 def test_the_trainer_takes_the_cost_apart_when_configured(tiny_model_dir, tmp_path) -> None:  # noqa: ANN001
-    from learners.trainer import Trainer
-    from tests._builders import update_check_config
-
     trainer = Trainer(update_check_config(tiny_model_dir, tmp_path), log=None)
     table = build_event_table(_group([0.0, 0.0, 1.0, 1.0], [0.02, 0.06, 0.02, 0.06]))
     joint = trainer.updater.advantages(table)
