@@ -191,11 +191,12 @@ QUICK_TRAIN: dict[str, Any] = {
 }
 
 #: The suites ``srpo bench quick`` runs, in order: column addition with a router that picks K (each
-#: member costs reward; RL removes a carry habit on held-out problems) and multi-turn retrieval (the
-#: search half). ``quick-columns`` (K fixed at 3), ``quick-columns-routed5`` and ``quick-math`` run with
-#: ``--suites``: the job's 10-minute budget on 2 cores holds one column suite at two seeds and quick-search
-#: at one (its runs take ~2 min each; docs/results/main-job.md has the measured budget).
-QUICK_SUITES: tuple[str, ...] = ("quick-columns-routed", "quick-search")
+#: member costs reward; RL removes a carry habit on held-out problems) and the search team whose
+#: searchers each consult their own source (the search half: a question needs 1..4 of them).
+#: ``quick-search`` (two searchers, one corpus), ``quick-columns``, ``quick-columns-routed5`` and
+#: ``quick-math`` run with ``--suites``. The job's 10-minute budget on 2 cores holds the column suite's
+#: three algorithms at two seeds and SRPO alone on the team at two seeds (docs/results/main-job.md).
+QUICK_SUITES: tuple[str, ...] = ("quick-columns-routed", "quick-search-team")
 #: Training seeds of a ``bench quick`` suite unless ``--seeds`` is given (a suite's ``seeds`` setting
 #: overrides it).
 QUICK_SEEDS: tuple[int, ...] = (0, 1)
@@ -251,7 +252,8 @@ QUICK_SETTINGS: dict[str, dict[str, Any]] = {
         "eval_limit": BENCH_QUICK_PROBLEMS,
     },
     # every one of the suite's 64 questions, 4 samples each: a smaller eval's noise hides RL's delta;
-    # 12 iterations and one seed: what the main job's 10 minutes hold beside the column suite
+    # 12 iterations and one seed: what the main job's 10 minutes held beside the column suite while this was
+    # its search half (until 2026-12-07; now with --suites quick-search)
     "quick-search": {
         "train": {**_SEARCH_TRAIN, "iterations": 12},
         "eval_k": 4,
@@ -259,13 +261,25 @@ QUICK_SETTINGS: dict[str, dict[str, Any]] = {
         "seeds": (0,),
     },
     "quick-search-routed": {"train": dict(_SEARCH_TRAIN), "eval_k": 4, "eval_limit": 64},
-    # every one of the team suite's 208 held-out questions (world 1's test split), two samples each; groups
-    # kept by outcome (kept by reward, the member cost alone took the router to K=1 and the team below its
-    # start: docs/results/search-team.md)
+    # the main job's search half. Every one of the team suite's 208 held-out questions (world 1's test
+    # split), two samples each; groups kept by outcome (kept by reward, the member cost alone took the
+    # router to K=1 and the team below its start); 8 iterations of three epochs over each rollout batch in
+    # the 16 decision worlds, SRPO alone at two seeds: what decides SRPO's gain over the start inside the
+    # job's budget (at one epoch, or lr 3e-4, 8 iterations left it undecided: docs/results/main-job.md).
+    # The decision design (experiment file) trains 32 iterations of one epoch.
     "quick-search-team": {
-        "train": {**_SEARCH_TRAIN, "filter_groups": True, "filter_signal": "correct"},
+        "train": {
+            **_SEARCH_TRAIN,
+            "iterations": 8,
+            "epochs": 3,
+            "filter_groups": True,
+            "filter_signal": "correct",
+        },
         "eval_k": 2,
         "eval_limit": 256,
+        "seeds": (0, 1),
+        "algos": ("srpo",),
+        "env_kwargs": {"kb_seed": list(range(QUICK_SEARCH_TRAIN_KB_SEED, QUICK_SEARCH_TRAIN_KB_SEED + 16))},
     },
 }
 
@@ -343,7 +357,8 @@ DECISION_SEEDS: dict[str, int] = {
 #: (:data:`QUICK_SETTINGS`).
 DECISION_EVAL: dict[str, dict[str, int]] = {suite: dict(d["eval"]) for suite, d in _DECISIONS.items() if "eval" in d}
 #: Env kwargs of ``bench compare`` / ``ablation`` / ``power --suite S`` over the suite's training env
-#: (``bench quick`` keeps :data:`TRAINING_ENVS`' one world and its budget): quick-search's 16 invented
+#: (``bench quick`` keeps :data:`TRAINING_ENVS`' one world and its budget unless its :data:`QUICK_SETTINGS`
+#: entry names ``env_kwargs``, as quick-search-team's does): quick-search's 16 invented
 #: worlds, none the warm start or the held-out evaluation uses, so RL has to learn to read.
 DECISION_ENV_KWARGS: dict[str, dict[str, Any]] = {
     suite: dict(d["compare"]["env_kwargs"]) for suite, d in _DECISIONS.items() if "env_kwargs" in d["compare"]

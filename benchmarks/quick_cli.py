@@ -1,6 +1,6 @@
 """``srpo bench quick``: the main job. Each CPU-scale suite from its warm start (bundled, given, or
-built by its SFT recipe): SRPO, GRPO and MAPPO x seeds, before/after tables, decisions against the
-reference, and one merged ``leaderboard.html`` / ``curves.png`` for the whole job.
+built by its SFT recipe): SRPO, GRPO and MAPPO (or the suite's ``algos``) x seeds, before/after tables,
+decisions against the reference, and one merged ``leaderboard.html`` / ``curves.png`` for the whole job.
 """
 
 from __future__ import annotations
@@ -45,15 +45,17 @@ def quick_cmd(
     ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
     reference: str = typer.Option("srpo", help=REFERENCE_HELP),
 ) -> None:
-    """The main job: warm-started tiny models -> SRPO, GRPO, MAPPO per suite -> tables, records, page,
-    and each algorithm decided against the reference (decisions.md / decisions.csv per suite)."""
+    """The main job: warm-started tiny models -> SRPO, GRPO, MAPPO per suite (the search team: SRPO) ->
+    tables, records, page, and each algorithm decided against the reference and the start (decisions.md /
+    decisions.csv per suite)."""
     import contextlib
     import time
 
     start = time.perf_counter()
     names = [x.strip() for x in suites.split(",") if x.strip()]
-    for name in names:
+    for name in names:  # every suite's name and settings checked before any suite starts
         training_env(name)
+        quick_settings(name)
     with contextlib.ExitStack() as stack:
         if workers > 0:  # one Ray for every suite's runs (each compare would otherwise start its own)
             from benchmarks.compare import worker_threads
@@ -108,7 +110,7 @@ def _quick_suites(
         results[name] = compare_cli.run_compare(
             warm,
             out / name,
-            dict(ALGORITHMS),
+            {algo: ALGORITHMS[algo] for algo in settings.get("algos", ALGORITHMS)},
             parse_seeds(seeds) if seeds is not None else list(settings.get("seeds", presets.QUICK_SEEDS)),
             name,
             train,
@@ -118,6 +120,7 @@ def _quick_suites(
             workers,
             ray_address,
             reference,
+            env_kwargs=settings.get("env_kwargs"),
         )
     return results
 
@@ -136,22 +139,26 @@ def given_warm_start(
     return model if recipe == "math" else None
 
 
-_QUICK_SETTING_KEYS = frozenset({"train", "eval_k", "eval_limit", "seeds"})
+_QUICK_SETTING_KEYS = frozenset({"train", "eval_k", "eval_limit", "seeds", "algos", "env_kwargs"})
 
 
 def quick_settings(suite: str) -> dict[str, Any]:
     """``presets.QUICK_SETTINGS[suite]``, refused with a one-line error when it holds a key ``bench quick``
-    would silently ignore (an ``lr`` beside ``train`` instead of inside it never reaches the run) or a
-    ``train`` key that is no ``TrainConfig`` field."""
+    would silently ignore (an ``lr`` beside ``train`` instead of inside it never reaches the run), a
+    ``train`` key that is no ``TrainConfig`` field, or an ``algos`` entry that is no main-job algorithm.
+    ``algos`` (default: every one of :data:`ALGORITHMS`) and ``env_kwargs`` (over the suite's training
+    env) let a suite spend the job's budget where it decides something."""
     settings = presets.QUICK_SETTINGS[suite]
     stray = sorted(set(settings) - _QUICK_SETTING_KEYS)
     unknown = sorted(set(settings["train"]) - {f.name for f in dataclasses.fields(TrainConfig)})
-    if stray or unknown:
-        raise typer.BadParameter(
-            f"benchmarks/presets.py QUICK_SETTINGS[{suite!r}]: "
-            + (f"keys {stray} are not read (RL settings go under 'train'); " if stray else "")
-            + (f"train keys {unknown} are no TrainConfig fields" if unknown else ""),
-        )
+    algos = sorted(set(settings.get("algos", ALGORITHMS)) - set(ALGORITHMS))
+    problems = [
+        *([f"keys {stray} are not read (RL settings go under 'train')"] if stray else []),
+        *([f"train keys {unknown} are no TrainConfig fields"] if unknown else []),
+        *([f"algos {algos} are not among {sorted(ALGORITHMS)}"] if algos else []),
+    ]
+    if problems:
+        raise typer.BadParameter(f"benchmarks/presets.py QUICK_SETTINGS[{suite!r}]: " + "; ".join(problems))
     return settings
 
 

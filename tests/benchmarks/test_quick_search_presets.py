@@ -117,30 +117,44 @@ def test_running_from_another_checkout_is_flagged(tmp_path: Path) -> None:
     assert cli.warn_other_checkout(tmp_path) is None  # not a checkout at all
 
 
-def test_the_main_job_runs_routed_columns_and_search_each_with_its_seeds(
+def test_the_main_job_runs_routed_columns_and_the_search_team_each_with_its_seeds(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """`srpo bench quick` with no options: quick-columns-routed at seeds 0,1 and quick-search (the search
-    half, in the default job) at its own seed 0, which is what fits the 10-minute budget; --seeds given
-    applies to every suite."""
-    runs: list[tuple[str, list[int], str]] = []
+    """`srpo bench quick` with no options: quick-columns-routed's three algorithms at seeds 0,1, and the
+    search half, quick-search-team, SRPO alone at seeds 0,1 in its 16 decision worlds from the routed warm
+    start (what fits the job's budget); --seeds given applies to every suite."""
+    runs: list[tuple[str, list[int], str, list[str], Any]] = []
 
     def fake_compare(warm, out, algos, seeds, name, *args, **kwargs):
-        runs.append((name, list(seeds), Path(warm).name))
+        runs.append((name, list(seeds), Path(warm).name, list(algos), kwargs.get("env_kwargs")))
         return None
 
     monkeypatch.setattr(compare_cli, "run_compare", fake_compare)
     monkeypatch.setattr(quick_cli, "merge_quick_outputs", lambda out, results: {})
     res = CliRunner().invoke(cli.app, ["quick", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
+    worlds = {"kb_seed": list(range(3, 19))}
     assert runs == [
-        ("quick-columns-routed", [0, 1], "mini-columns-sft"),
-        ("quick-search", [0], "mini-search-worlds-sft"),
+        ("quick-columns-routed", [0, 1], "mini-columns-sft", ["srpo", "grpo", "mappo"], None),
+        ("quick-search-team", [0, 1], "mini-search-worlds-routed-sft", ["srpo"], worlds),
     ]
+    assert worlds["kb_seed"] == presets.DECISION_ENV_KWARGS["quick-search-team"]["kb_seed"]
     runs.clear()
     res = CliRunner().invoke(cli.app, ["quick", "--out", str(tmp_path), "--seeds", "3,4,5"])
     assert res.exit_code == 0, res.output
-    assert [seeds for _, seeds, _ in runs] == [[3, 4, 5], [3, 4, 5]]
+    assert [seeds for _, seeds, *_ in runs] == [[3, 4, 5], [3, 4, 5]]
+
+
+def test_a_quick_setting_naming_an_unknown_algorithm_is_refused(
+    monkeypatch: pytest.MonkeyPatch, captured: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    entry = presets.QUICK_SETTINGS["quick-search"]
+    monkeypatch.setitem(presets.QUICK_SETTINGS, "quick-search", {**entry, "algos": ("srpo", "ppo")})
+    args = ["quick", "--suites", "quick-search", "--out", str(tmp_path), "--search-model", SEARCH_MODEL]
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 2 and not captured, res.output
+    assert "warm start" not in res.output  # refused before any suite starts
+    assert "algos ['ppo'] are not among" in " ".join(res.output.replace("│", " ").split())
 
 
 @pytest.mark.parametrize("command", ["compare", "ablation"])
