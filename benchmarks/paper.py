@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,8 +74,26 @@ def run_from_result(result: Any, method: str, seed: int | None = None) -> EvalRu
     )
 
 
+def _eval_files(root: Path) -> list[Path]:
+    """Every ``eval.json`` under ``root``, through symlinked directories too: seeds of one comparison run
+    at different times are merged by linking their eval directories into one tree (``Path.rglob`` does
+    not follow directory links before Python 3.13). A link back up the tree is entered once."""
+    found, visited = [], set()
+    for here, dirs, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(here)
+        if real in visited:
+            dirs[:] = []
+            continue
+        visited.add(real)
+        dirs.sort()
+        if "eval.json" in files:
+            found.append(Path(here) / "eval.json")
+    return found
+
+
 def load_runs(paths: Sequence[str | Path]) -> list[EvalRun]:
-    """Every saved eval under ``paths`` (``eval.json`` files, found recursively) as :class:`EvalRun`.
+    """Every saved eval under ``paths`` (``eval.json`` files, found recursively, through symlinked
+    directories; one file reached twice counts once) as :class:`EvalRun`.
 
     The method is ``run_info.method`` when the writer set it (``bench eval --method``, compare),
     else the model directory's name; the seed is the eval seed of the run's config.
@@ -85,9 +104,13 @@ def load_runs(paths: Sequence[str | Path]) -> list[EvalRun]:
         if root.is_file() and root.name.endswith(".json"):
             found.append(root)
         elif root.is_dir():
-            found += sorted(root.rglob("eval.json"))
+            found += _eval_files(root)
         else:
             raise FileNotFoundError(f"{root}: no such run directory")
+    first: dict[Path, Path] = {}
+    for f in found:  # a file reached twice (linked, or named twice) counts once, at its first place
+        first.setdefault(f.resolve(), f)
+    found = list(first.values())
     runs = []
     for path in found:
         summary = json.loads(path.read_text(encoding="utf-8"))

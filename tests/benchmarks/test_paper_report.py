@@ -99,6 +99,15 @@ def test_bench_eval_seeds_then_report_reproduces_the_table(tmp_path: Path, monke
     assert (tmp_path / "rep" / "paper.png").stat().st_size > 0
     runs = load_runs([out])
     assert sorted(r.seed for r in runs) == [0, 1] and runs[0].datasets == ["arith-d1", "arith-d2"]
+    # seeds run at different times, merged by linking their eval directories into one tree; a seed
+    # linked twice counts once and a link back up the tree does not loop
+    merged = tmp_path / "merged" / "M"
+    merged.mkdir(parents=True)
+    for seed in (0, 1):
+        (merged / f"seed{seed}").symlink_to(out / f"seed{seed}", target_is_directory=True)
+    (merged / "again").symlink_to(out / "seed1", target_is_directory=True)
+    (merged / "up").symlink_to(tmp_path / "merged", target_is_directory=True)
+    assert sorted(r.seed for r in load_runs([tmp_path / "merged"])) == [0, 1]
     long = pd.read_csv(tmp_path / "rep" / "paper.csv")
     assert set(long["benchmark"]) == {"arith-d1", "arith-d2", MACRO} and (long["n_seeds"] == 2).all()
 
