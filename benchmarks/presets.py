@@ -230,6 +230,31 @@ _SEARCH_TRAIN: dict[str, Any] = {
     "critic_max_tokens": 128,
 }
 
+#: The suites' decision settings live in shipped experiment files, one per suite
+#: (``benchmarks/experiments/<suite>.toml``, the files ``srpo bench compare --config <suite>`` runs): each
+#: holds the seeds, eval, training-env kwargs and ``[train]`` overrides a decision run of the suite takes
+#: over its ``bench quick`` settings, with the reasons as comments. The four tables below are read from
+#: them, so the file is the one place a decision setting is changed.
+DECISION_DIR = Path(__file__).resolve().parent / "experiments"
+
+
+def _decision_files() -> dict[str, dict[str, Any]]:
+    """suite -> its decision file's tables (``[compare]``, ``[eval]``, ``[train]``); a file must name its suite."""
+    import tomllib
+
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(DECISION_DIR.glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        suite = data.get("compare", {}).get("suite")
+        if suite != path.stem:
+            raise ValueError(f"{path}: [compare] suite = {suite!r}, expected {path.stem!r} (the file's name)")
+        out[suite] = data
+    return out
+
+
+_DECISIONS = _decision_files()
+
+
 #: Per-suite RL settings, eval k and eval problems per dataset of ``bench quick``.
 QUICK_SETTINGS: dict[str, dict[str, Any]] = {
     # the suites' bench-quick protocol, 32 of the 128 held-out problems per size: the main job's time
@@ -264,8 +289,9 @@ QUICK_SETTINGS: dict[str, dict[str, Any]] = {
     # the main job's search half. Every one of the team suite's 208 held-out questions (world 1's test
     # split), two samples each; groups kept by outcome (kept by reward, the member cost alone took the
     # router to K=1 and the team below its start); 8 iterations of three epochs over each rollout batch in
-    # the 16 decision worlds, SRPO alone at two seeds: what decides SRPO's gain over the start inside the
-    # job's budget (at one epoch, or lr 3e-4, 8 iterations left it undecided: docs/results/main-job.md).
+    # the 16 decision worlds (the experiment file's, read above), SRPO alone at two seeds: what decides
+    # SRPO's gain over the start inside the job's budget (at one epoch, or lr 3e-4, 8 iterations left it
+    # undecided: docs/results/main-job.md).
     # The decision design (experiment file) trains 32 iterations of one epoch.
     "quick-search-team": {
         "train": {
@@ -279,7 +305,7 @@ QUICK_SETTINGS: dict[str, dict[str, Any]] = {
         "eval_limit": 256,
         "seeds": (0, 1),
         "algos": ("srpo",),
-        "env_kwargs": {"kb_seed": list(range(QUICK_SEARCH_TRAIN_KB_SEED, QUICK_SEARCH_TRAIN_KB_SEED + 16))},
+        "env_kwargs": dict(_DECISIONS["quick-search-team"]["compare"]["env_kwargs"]),
     },
 }
 
@@ -311,31 +337,6 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "srpo-mean": {"algo": "srpo", "norm": "mean"},
     "srpo-k1": {"algo": "srpo", "norm": "k1"},
 }
-
-#: The suites' decision settings live in shipped experiment files, one per suite
-#: (``benchmarks/experiments/<suite>.toml``, the files ``srpo bench compare --config <suite>`` runs): each
-#: holds the seeds, eval, training-env kwargs and ``[train]`` overrides a decision run of the suite takes
-#: over its ``bench quick`` settings, with the reasons as comments. The four tables below are read from
-#: them, so the file is the one place a decision setting is changed.
-DECISION_DIR = Path(__file__).resolve().parent / "experiments"
-
-
-def _decision_files() -> dict[str, dict[str, Any]]:
-    """suite -> its decision file's tables (``[compare]``, ``[eval]``, ``[train]``); a file must name its suite."""
-    import tomllib
-
-    out: dict[str, dict[str, Any]] = {}
-    for path in sorted(DECISION_DIR.glob("*.toml")):
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-        suite = data.get("compare", {}).get("suite")
-        if suite != path.stem:
-            raise ValueError(f"{path}: [compare] suite = {suite!r}, expected {path.stem!r} (the file's name)")
-        out[suite] = data
-    return out
-
-
-_DECISIONS = _decision_files()
-
 
 def _seed_count(suite: str, seeds: str) -> int:
     values = [int(s) for s in seeds.split(",") if s.strip()]

@@ -53,9 +53,10 @@ def quick_cmd(
 
     start = time.perf_counter()
     names = [x.strip() for x in suites.split(",") if x.strip()]
+    checked: dict[str, dict[str, Any]] = {}
     for name in names:  # every suite's name and settings checked before any suite starts
         training_env(name)
-        quick_settings(name)
+        checked[name] = quick_settings(name)
     with contextlib.ExitStack() as stack:
         if workers > 0:  # one Ray for every suite's runs (each compare would otherwise start its own)
             from benchmarks.compare import worker_threads
@@ -63,7 +64,7 @@ def quick_cmd(
             ensure_ray(ray_address, num_cpus=workers * worker_threads(workers))
             stack.callback(shutdown_ray)
         results = _quick_suites(
-            names,
+            checked,
             out,
             model,
             search_model,
@@ -81,7 +82,7 @@ def quick_cmd(
 
 
 def _quick_suites(
-    names: list[str],
+    suites: dict[str, dict[str, Any]],
     out: Path,
     model: Path | None,
     search_model: Path | None,
@@ -93,10 +94,11 @@ def _quick_suites(
     ray_address: str | None,
     reference: str | None = None,
 ) -> dict[str, Any]:
-    """Each suite of ``bench quick`` from its warm start: SRPO, GRPO and MAPPO x seeds, before/after."""
+    """Each suite of ``bench quick`` (name -> its checked :func:`quick_settings`) from its warm start: its
+    algorithms x seeds, before/after."""
 
     results: dict[str, Any] = {}
-    for name in names:
+    for name, settings in suites.items():
         env = presets.TRAINING_ENVS[name]
         given = given_warm_start(env.recipe, model, search_model, columns_model)
         warm = given or (
@@ -105,7 +107,6 @@ def _quick_suites(
             else _build_model(out / f"model-{env.recipe}", env.recipe)
         )
         typer.echo(f"{name}: warm start {warm}")
-        settings = quick_settings(name)
         train = {**settings["train"], "iterations": iterations or settings["train"]["iterations"]}
         results[name] = compare_cli.run_compare(
             warm,
