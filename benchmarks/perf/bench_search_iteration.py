@@ -1,9 +1,12 @@
-"""Where a quick-search iteration's time goes, how close the update runs to this machine's matmul speed, and
-what an asynchronous generator in its own process buys: three ratios, each measured in one run.
+"""Where a search iteration's time goes, how close the update runs to this machine's matmul speed, what an
+asynchronous generator in its own process buys, and what larger generation batches buy: ratios, each
+measured in one run.
 
-    python -m benchmarks.perf.bench_search_iteration [--iterations 4] [--tasks-per-iter 16] [--json out.json]
+    python -m benchmarks.perf.bench_search_iteration [--suite quick-search] [--iterations 4] [--tasks-per-iter 16]
+        [--set pack_len=256 ...] [--generation-rows 64,128,256] [--json out.json]
 
-1. **Phases** (the synchronous loop, quick-search's training settings, the bundled warm start): per
+1. **Phases** (the synchronous loop, the suite's ``bench quick`` training settings and worlds, the bundled warm
+   start; ``--suite`` picks the search suite, quick-search by default): per
    iteration after the first, the seconds spent generating (``HFPolicy.generate``), retrieving (the
    retriever's ``search``), grading (the env's outcome: EM/F1 against the gold answers), the rest of the
    rollout (env steps, prompts, row building), and the update; each as a share of the iteration.
@@ -21,6 +24,11 @@ what an asynchronous generator in its own process buys: three ratios, each measu
    ``--max-staleness 1`` with the generator as a thread in this process, and of ``--max-staleness 1
    --rollout-workers 1`` with the generator in a Ray worker process (its own interpreter, no GIL shared
    with the learner), each against the synchronous loop.
+
+4. **Rows generated at once** (``--generation-rows 64,128,256``): seconds per rollout phase (the
+   iteration's episodes, dynamic sampling's batches included) with ``HFPolicy.max_batch_size`` at each
+   value, the same iterations replayed without an update in between, and a hash of every sampled token,
+   so a faster setting that samples something else shows.
 
 Every number comes from this run, on whatever else the machine is doing: compare ratios, not seconds,
 and rerun before trusting a small difference.
@@ -42,20 +50,26 @@ import torch
 from benchmarks.perf.bench_async import train_stamped
 
 SUITE = "quick-search"
+SUITES = ("quick-search", "quick-search-routed", "quick-search-team")
 
 
-def _config(out: str, iterations: int, tasks: int | None, seed: int, **extra: Any) -> Any:
+def _config(
+    out: str, iterations: int, tasks: int | None, seed: int, suite: str = SUITE, sets: dict[str, Any] | None = None,
+    **extra: Any,
+) -> Any:
     from benchmarks.presets import QUICK_SETTINGS, TRAINING_ENVS  # see phases_and_flops
     from learners.config import TrainConfig
 
-    env = TRAINING_ENVS[SUITE]
-    train = dict(QUICK_SETTINGS[SUITE]["train"])
+    env, settings = TRAINING_ENVS[suite], QUICK_SETTINGS[suite]
+    train = dict(settings["train"])
     train.update(iterations=iterations, eval_every=0, save_every=0)
     if tasks is not None:
         train["tasks_per_iter"] = tasks
+    train.update(sets or {})
+    env_kwargs = {"workflow": env.workflow, **env.env_kwargs, **settings.get("env_kwargs", {})}
     return TrainConfig(
         algo="srpo", model=str(env.bundled_model), out_dir=out, env_id=env.env_id,
-        env_kwargs={"workflow": env.workflow, **env.env_kwargs}, seed=seed, **train, **extra,
+        env_kwargs=env_kwargs, seed=seed, **train, **extra,
     )  # fmt: skip
 
 
@@ -90,7 +104,9 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
         setattr(obj, name, old)
 
 
-def phases_and_flops(iterations: int, tasks: int | None, seed: int) -> dict[str, Any]:
+def phases_and_flops(
+    iterations: int, tasks: int | None, seed: int, suite: str = SUITE, sets: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Parts 1 and 2: one synchronous run with the phases timed and the update's forwards counted."""
     # the model stack (transformers, the envs, the JVM's retriever) loads when a run starts, not for --help
     from agents.hf import HFPolicy
@@ -99,7 +115,7 @@ def phases_and_flops(iterations: int, tasks: int | None, seed: int) -> dict[str,
 
     clock = _Clock()
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(_config(tmp, iterations, tasks, seed), log=None)
+        trainer = Trainer(_config(tmp, iterations, tasks, seed, suite, sets), log=None)
         env = trainer.collector.env_fn()
         env_cls = type(env.unwrapped)
         model = trainer.policies.policies[0].model
@@ -191,7 +207,9 @@ def matmul_flops(rows: int, hidden: int, width: int, repeats: int = 20) -> float
     return 2.0 * rows * hidden * width / statistics.median(times)
 
 
-def async_walls(iterations: int, tasks: int | None, seed: int) -> dict[str, float]:
+def async_walls(
+    iterations: int, tasks: int | None, seed: int, suite: str = SUITE, sets: dict[str, Any] | None = None
+) -> dict[str, float]:
     """Part 3: wall seconds per iteration (after the first) of sync, thread N=1 and Ray-worker N=1."""
     from learners.trainer import Trainer  # see phases_and_flops
 
@@ -205,7 +223,7 @@ def async_walls(iterations: int, tasks: int | None, seed: int) -> dict[str, floa
     for name, extra in modes.items():
         torch.set_num_threads(threads)
         with tempfile.TemporaryDirectory() as tmp:
-            trainer = Trainer(_config(tmp, iterations, tasks, seed, **extra), log=None)
+            trainer = Trainer(_config(tmp, iterations, tasks, seed, suite, sets, **extra), log=None)
             _, stamps = train_stamped(trainer)
             if trainer.scale.pool is not None:
                 trainer.scale.pool.close()
@@ -214,18 +232,80 @@ def async_walls(iterations: int, tasks: int | None, seed: int) -> dict[str, floa
     return walls
 
 
+def generation_rows(
+    sizes: list[int], iterations: int, tasks: int | None, seed: int, suite: str = SUITE,
+    sets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Part 4: mean rollout seconds over ``iterations`` rollouts at each ``HFPolicy.max_batch_size`` in
+    ``sizes`` (one weight version, so every size replays the same episodes) and the sampled tokens' hash."""
+    import hashlib
+
+    from learners.trainer import Trainer  # see phases_and_flops
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(_config(tmp, iterations + 1, tasks, seed, suite, sets), log=None)
+        policies = trainer.policies.policies
+        trainer.rollout(1)  # warm-up: first-call costs land here
+        for rows in sizes:
+            for policy in policies:
+                policy.max_batch_size = rows
+            digest, spent = hashlib.sha256(), 0.0
+            for it in range(2, iterations + 2):
+                t0 = time.perf_counter()
+                batch = trainer.rollout(it)
+                spent += time.perf_counter() - t0
+                for row in batch.rows:
+                    digest.update(repr(row.response_ids).encode())
+            out[str(rows)] = {"rollout_s": spent / iterations, "tokens_sha256": digest.hexdigest()}
+    return out
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``--set FIELD=VALUE`` items as ``TrainConfig`` overrides (values as TOML); an unknown field or an
+    item without ``=`` raises ``ValueError`` naming it, before any model loads."""
+    import dataclasses
+
+    from learners.config import TrainConfig
+    from srpo_common.config_file import parse_value
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        name, eq, raw = item.partition("=")
+        if not eq or name.strip() not in fields:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD a TrainConfig field")
+        out[name.strip()] = parse_value(raw.strip())
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--suite", choices=SUITES, default=SUITE, help="the search suite whose iteration is measured")
     ap.add_argument("--iterations", type=int, default=4, help="iterations per run (the first is not timed)")
-    ap.add_argument("--tasks-per-iter", type=int, default=None, help="default: quick-search's (16)")
+    ap.add_argument("--tasks-per-iter", type=int, default=None, help="default: the suite's (16)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--skip-async", action="store_true", help="parts 1 and 2 only")
+    ap.add_argument("--skip-async", action="store_true", help="skip part 3 (the three asynchronous runs)")
+    ap.add_argument(
+        "--generation-rows", default="", help="comma-separated HFPolicy.max_batch_size values for part 4 (off if empty)"
+    )
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE",
+        help="a TrainConfig field over the suite's setting (repeatable), e.g. pack_len=256",
+    )  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    out: dict[str, Any] = {"suite": SUITE, "threads": torch.get_num_threads()}
-    out["phases"] = phases_and_flops(args.iterations, args.tasks_per_iter, args.seed)
+    try:
+        sets = parse_sets(args.set)
+        sizes = [int(v) for v in args.generation_rows.split(",") if v.strip()]
+    except ValueError as exc:
+        ap.error(str(exc))
+    if any(n < 1 for n in sizes):
+        ap.error(f"--generation-rows {args.generation_rows!r}: every value must be a positive row count")
+    out: dict[str, Any] = {"suite": args.suite, "threads": torch.get_num_threads(), "set": sets}
+    out["phases"] = phases_and_flops(args.iterations, args.tasks_per_iter, args.seed, args.suite, sets)
     p = out["phases"]
-    print(f"quick-search iteration, synchronous: {p['iteration_s']:.2f} s (mean of {p['iterations_timed']})")
+    print(f"{args.suite} iteration, synchronous: {p['iteration_s']:.2f} s (mean of {p['iterations_timed']})")
     for name, share in p["shares"].items():
         print(f"  {name:<14} {share:6.1%}")
     u = p["update"]
@@ -237,9 +317,20 @@ def main() -> None:
         f"(linear layers alone {u['linear_ratio']:.3f})"
     )
     if not args.skip_async:
-        walls = out["async"] = async_walls(args.iterations, args.tasks_per_iter, args.seed)
+        walls = out["async"] = async_walls(args.iterations, args.tasks_per_iter, args.seed, args.suite, sets)
         for name, wall in walls.items():
             print(f"{name:<14} {wall:6.2f} s/iteration   {walls['sync'] / wall:5.2f}x the synchronous loop's speed")
+    if sizes:
+        gen = out["generation_rows"] = generation_rows(
+            sizes, args.iterations, args.tasks_per_iter, args.seed, args.suite, sets
+        )
+        base = gen[str(sizes[0])]
+        for rows, r in gen.items():
+            same = "same tokens" if r["tokens_sha256"] == base["tokens_sha256"] else "OTHER TOKENS"
+            print(
+                f"generation, {rows:>4} rows at once: {r['rollout_s']:6.2f} s/rollout   "
+                f"{base['rollout_s'] / r['rollout_s']:5.2f}x the {sizes[0]}-row speed ({same})"
+            )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=2)
