@@ -19,6 +19,7 @@ from benchmarks import presets
 from benchmarks.model_source import ModelNotAvailable, resolve_model
 from benchmarks.options import (
     OPTION_NAMES,
+    AblationOptions,
     AlgoCompareOptions,
     CompareOptions,
     PowerOptions,
@@ -28,7 +29,7 @@ from benchmarks.options import (
     with_staleness,
 )
 from benchmarks.options import layout as options_layout
-from benchmarks.presets import ABLATIONS, COMPARE_DEFAULTS, TRAINING_ENVS, TrainingEnv
+from benchmarks.presets import COMPARE_DEFAULTS, TRAINING_ENVS, TrainingEnv
 from benchmarks.suites import SUITES, get_suite
 from learners.config import TrainConfig
 from learners.dynamic_sampling import FILTER_SIGNALS
@@ -308,17 +309,20 @@ def compare_cmd(opts: AlgoCompareOptions) -> None:
 
 
 @_compare_command(
-    CompareOptions,
+    AblationOptions,
     defaults={"out": Path("runs/ablation")},
     helps={"suite": _SUITE_HELP, "reference": "variant the others are compared with (default: sqrt)"},
 )
-def ablation_cmd(opts: CompareOptions) -> None:
+def ablation_cmd(opts: AblationOptions) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1, each decided against
     the reference (decisions.md / decisions.csv)."""
-
-    _compare_from_options(
-        opts, dict(ABLATIONS), COMPARE_DEFAULTS["ablation_seeds"], "SRPO normalisation ablation"
-    )
+    _required_model(opts)  # a missing --model is reported before an unknown normalisation
+    names = [n.strip() for n in opts.norms.split(",") if n.strip()]
+    try:
+        variants = presets.ablation_variants(names)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--norms") from None
+    _compare_from_options(opts, variants, COMPARE_DEFAULTS["ablation_seeds"], "SRPO normalisation ablation")
 
 
 def report_cmd(

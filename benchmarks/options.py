@@ -159,6 +159,14 @@ class AlgoCompareOptions(CompareOptions):
 
 
 @dataclass
+class AblationOptions(CompareOptions):
+    """``srpo bench ablation``: :class:`CompareOptions` and the normalisations to train."""
+
+    norms: str = "sqrt,sum,mean,k1"
+    """comma-separated set normalisations to train (a subset adds to runs made elsewhere: link both into one tree for srpo bench report)"""
+
+
+@dataclass
 class PowerOptions(CompareOptions):
     """``srpo bench power``: a pilot of two variants (or a finished comparison's evals) -> power.md."""
 
@@ -179,6 +187,7 @@ COMPARE_SECTIONS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 _EXTRA_SECTIONS: dict[type, dict[str, tuple[str, ...]]] = {
     AlgoCompareOptions: {"compare": ("algos",)},
+    AblationOptions: {"compare": ("norms",)},
     PowerOptions: {"compare": ("variants", "from_dir")},
 }
 

@@ -338,6 +338,17 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "srpo-k1": {"algo": "srpo", "norm": "k1"},
 }
 
+
+def ablation_variants(names: list[str]) -> dict[str, dict[str, Any]]:
+    """``--norms`` names (``sum`` or ``srpo-sum``) -> their :data:`ABLATIONS` entries, in the given order;
+    an unknown or repeated name raises ``ValueError`` listing the known ones."""
+    known = {v["norm"]: k for k, v in ABLATIONS.items()}
+    picked = [known.get(n, n) for n in names]
+    unknown = [n for n, k in zip(names, picked, strict=True) if k not in ABLATIONS]
+    if unknown or not picked or len(set(picked)) < len(picked):
+        raise ValueError(f"normalisations {names} must be distinct and among {list(known)} (or {list(ABLATIONS)})")
+    return {k: ABLATIONS[k] for k in picked}
+
 def _seed_count(suite: str, seeds: str) -> int:
     values = [int(s) for s in seeds.split(",") if s.strip()]
     if values != list(range(len(values))):
