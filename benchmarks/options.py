@@ -163,7 +163,7 @@ class AblationOptions(CompareOptions):
     """``srpo bench ablation``: :class:`CompareOptions` and the normalisations to train."""
 
     norms: str = "sqrt,sum,mean,k1"
-    """comma-separated set normalisations to train (a subset adds to runs made elsewhere: link both into one tree for srpo bench report)"""
+    """comma-separated set normalisations to train (a subset: link other runs' evals beside them to report)"""
 
 
 @dataclass

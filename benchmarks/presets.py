@@ -349,6 +349,7 @@ def ablation_variants(names: list[str]) -> dict[str, dict[str, Any]]:
         raise ValueError(f"normalisations {names} must be distinct and among {list(known)} (or {list(ABLATIONS)})")
     return {k: ABLATIONS[k] for k in picked}
 
+
 def _seed_count(suite: str, seeds: str) -> int:
     values = [int(s) for s in seeds.split(",") if s.strip()]
     if values != list(range(len(values))):
