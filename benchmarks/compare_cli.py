@@ -10,6 +10,7 @@ Their options are dataclasses (:mod:`benchmarks.options`) turned into commands b
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -295,16 +296,23 @@ def _compare_from_options(
     )
 
 
+def _named_variants(
+    text: str, pick: Callable[[list[str]], dict[str, dict[str, Any]]], option: str
+) -> dict[str, dict[str, Any]]:
+    """``--algos`` / ``--norms`` (comma-separated names) -> their variants by ``pick``; a name ``pick``
+    refuses is a usage error on ``option``."""
+    try:
+        return pick([n.strip() for n in text.split(",") if n.strip()])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+
+
 @_compare_command(AlgoCompareOptions, helps={"suite": _SUITE_HELP})
 def compare_cmd(opts: AlgoCompareOptions) -> None:
     """Train each algorithm for each seed from MODEL and compare before/after accuracy; decide each
     algorithm against the reference (decisions.md / decisions.csv)."""
     _required_model(opts)  # a missing --model is reported before an unknown algorithm
-    names = [a.strip() for a in opts.algos.split(",") if a.strip()]
-    try:
-        variants = presets.algorithm_variants(names)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--algos") from None
+    variants = _named_variants(opts.algos, presets.algorithm_variants, "--algos")
     _compare_from_options(opts, variants, COMPARE_DEFAULTS["seeds"], f"{opts.suite}: algorithms")
 
 
@@ -317,11 +325,7 @@ def ablation_cmd(opts: AblationOptions) -> None:
     """The SRPO set-normalisation ablation: sqrt (default), sum, mean and K=1, each decided against
     the reference (decisions.md / decisions.csv)."""
     _required_model(opts)  # a missing --model is reported before an unknown normalisation
-    names = [n.strip() for n in opts.norms.split(",") if n.strip()]
-    try:
-        variants = presets.ablation_variants(names)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--norms") from None
+    variants = _named_variants(opts.norms, presets.ablation_variants, "--norms")
     _compare_from_options(opts, variants, COMPARE_DEFAULTS["ablation_seeds"], "SRPO normalisation ablation")
 
 

@@ -3,7 +3,7 @@ asynchronous generator in its own process buys, and what larger generation batch
 measured in one run.
 
     python -m benchmarks.perf.bench_search_iteration [--suite quick-search] [--iterations 4] [--tasks-per-iter 16]
-        [--set pack_len=256 ...] [--generation-rows 64,128,256] [--json out.json]
+        [--set update.pack_len=256 ...] [--generation-rows 64,128,256] [--json out.json]
 
 1. **Phases** (the synchronous loop, the suite's ``bench quick`` training settings and worlds, the bundled warm
    start; ``--suite`` picks the search suite, quick-search by default): per
@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from benchmarks.perf.bench_async import train_stamped
+from learners.config import TrainConfig, train_layout
 
 SUITE = "quick-search"
 SUITES = ("quick-search", "quick-search-routed", "quick-search-team")
@@ -58,7 +59,6 @@ def _config(
     **extra: Any,
 ) -> Any:
     from benchmarks.presets import QUICK_SETTINGS, TRAINING_ENVS  # see phases_and_flops
-    from learners.config import TrainConfig
 
     env, settings = TRAINING_ENVS[suite], QUICK_SETTINGS[suite]
     train = dict(settings["train"])
@@ -268,24 +268,6 @@ def generation_rows(
     return out
 
 
-def parse_sets(items: list[str]) -> dict[str, Any]:
-    """``--set FIELD=VALUE`` items as ``TrainConfig`` overrides (values as TOML); an unknown field or an
-    item without ``=`` raises ``ValueError`` naming it, before any model loads."""
-    import dataclasses
-
-    from learners.config import TrainConfig
-    from srpo_common.config_file import parse_value
-
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    out: dict[str, Any] = {}
-    for item in items:
-        name, eq, raw = item.partition("=")
-        if not eq or name.strip() not in fields:
-            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD a TrainConfig field")
-        out[name.strip()] = parse_value(raw.strip())
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suite", choices=SUITES, default=SUITE, help="the search suite whose iteration is measured")
@@ -297,13 +279,13 @@ def main() -> None:
         "--generation-rows", default="", help="comma-separated HFPolicy.max_batch_size values for part 4 (off if empty)"
     )
     ap.add_argument(
-        "--set", action="append", default=[], metavar="FIELD=VALUE",
-        help="a TrainConfig field over the suite's setting (repeatable), e.g. pack_len=256",
+        "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+        help="a TrainConfig field over the suite's setting, as srpo train --set (repeatable): update.pack_len=256",
     )  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    try:
-        sets = parse_sets(args.set)
+    try:  # srpo train's --set: section.field=VALUE, an unknown key named with its nearest field
+        sets = train_layout().parse_sets(args.set)
         sizes = [int(v) for v in args.generation_rows.split(",") if v.strip()]
     except ValueError as exc:
         ap.error(str(exc))
